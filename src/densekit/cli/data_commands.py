@@ -1,0 +1,94 @@
+"""Sub-commands about data: validate, evaluate."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from densekit.data.diagnostics import Diagnostics
+from densekit.data.trec import read_qrels, read_run
+from densekit.data.validate import validate_dataset
+from densekit.evaluation import DEFAULT_MEASURES, evaluate, evaluate_per_query
+from densekit.io.atomic import write_text_atomic
+
+console = Console()
+
+
+def validate(
+    data_dir: Annotated[Path, typer.Argument(help="A BEIR or MS MARCO-style collection folder.")],
+    split: Annotated[
+        list[str] | None, typer.Option("--split", help="Check only these qrels splits (repeatable).")
+    ] = None,
+) -> None:
+    """Check every file of a collection and report each problem with its file and line.
+
+    Exits 1 when there is an error; warnings (such as empty texts) alone leave it at 0.
+    """
+    report = validate_dataset(data_dir, split or None)
+    for problem in report.problems:
+        colour = "red" if problem.severity == "error" else "yellow"
+        console.print(f"[{colour}]{escape(str(problem))}[/]")
+    judged = ", ".join(f"{s}: {n}" for s, n in report.judgements.items()) or "none"
+    console.print(f"{report.documents} documents, {report.queries} queries, judgements {judged}")
+    errors = sum(p.severity == "error" for p in report.problems)
+    warnings = len(report.problems) - errors
+    if errors:
+        console.print(f"[bold red]{errors} errors[/], {warnings} warnings")
+        raise typer.Exit(1)
+    console.print(f"[bold green]ok[/] ({warnings} warnings)")
+
+
+def evaluate_command(
+    qrels: Annotated[Path, typer.Argument(help="Judgements: BEIR three-column TSV or TREC four-column.")],
+    run: Annotated[Path, typer.Argument(help="A TREC run file.")],
+    measure: Annotated[
+        list[str] | None,
+        typer.Option("--measure", "-m", help="An ir_measures name, e.g. nDCG@10 (repeatable)."),
+    ] = None,
+    json_file: Annotated[
+        Path | None, typer.Option("--json", help="Write the aggregates here, keyed by measure name.")
+    ] = None,
+    per_query: Annotated[
+        Path | None, typer.Option("--per-query", help="Write `query measure value` lines here ('-': stdout).")
+    ] = None,
+) -> None:
+    """Score a run against judgements with ir_measures (nDCG@10, RR@10, R@100, R@1000, AP by default)."""
+    diagnostics = Diagnostics()
+    judgements = read_qrels(qrels, diagnostics)
+    ranked = read_run(run, diagnostics)
+    names = measure or list(DEFAULT_MEASURES)
+    shared = set(ranked) & set(judgements)
+    if not shared:
+        raise ValueError(f"{run} and {qrels} share no query ids")
+    unjudged = len(set(ranked) - shared)
+    scores = evaluate(judgements, ranked, names)
+    table = Table("measure", "value", title=f"{run.name}: {len(judgements)} judged queries")
+    for name, value in scores.items():
+        table.add_row(name, f"{value:.4f}")
+    console.print(table)
+    if unjudged:
+        console.print(f"[yellow]{unjudged} queries of the run have no judgements and are not counted[/]")
+    unanswered = len(set(judgements) - shared)
+    if unanswered:
+        console.print(f"[yellow]{unanswered} judged queries have no results in the run and count as 0[/]")
+    if json_file is not None:
+        write_text_atomic(json_file, json.dumps(scores, indent=2) + "\n")
+    if per_query is not None:
+        lines = "".join(f"{q}\t{m}\t{v:.6f}\n" for q, m, v in evaluate_per_query(judgements, ranked, names))
+        if str(per_query) == "-":
+            sys.stdout.write(lines)
+        else:
+            write_text_atomic(per_query, lines)
+
+
+def register(app: typer.Typer) -> None:
+    """Add these sub-commands to `app`."""
+    app.command("validate")(validate)
+    app.command("evaluate")(evaluate_command)

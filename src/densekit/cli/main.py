@@ -1,0 +1,57 @@
+"""The `densekit` command: its sub-commands, logging and how errors are shown."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+from rich.logging import RichHandler
+from transformers.utils import logging as transformers_logging
+
+from densekit.cli import data_commands, quickstart_command, retrieval_commands
+from densekit.data.diagnostics import DataError
+from densekit.progress import stderr_console
+
+app = typer.Typer(
+    name="densekit",
+    help="Train, index, evaluate and serve dense text retrievers.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def configure(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debugging detail."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Log warnings and errors only."),
+) -> None:
+    """Set up logging for every sub-command."""
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(
+        level=level,
+        format="%(message)s",
+        handlers=[RichHandler(console=stderr_console, show_path=False, show_time=False)],
+        force=True,
+    )
+    transformers_logging.disable_progress_bar()
+    for noisy in ("transformers", "httpx", "urllib3", "huggingface_hub", "faiss", "bm25s"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+data_commands.register(app)
+retrieval_commands.register(app)
+quickstart_command.register(app)
+
+
+def main() -> None:
+    """Run the command line, turning input errors into a message and exit status 2."""
+    try:
+        app()
+    except DataError as err:
+        stderr_console.print(f"[bold red]error:[/] {err}", highlight=False, markup=True)
+        sys.exit(2)
+    except (ValueError, RuntimeError, FileNotFoundError) as err:
+        stderr_console.print(f"[bold red]error:[/] {err}", highlight=False)
+        sys.exit(2)

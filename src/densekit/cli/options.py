@@ -1,0 +1,72 @@
+"""Options several sub-commands share, declared once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from densekit.models.config import Pooling
+from densekit.models.encoder import DenseEncoder
+
+ModelArg = Annotated[
+    str, typer.Argument(help="A model folder (Hugging Face, sentence-transformers or densekit) or a hub id.")
+]
+DataDirArg = Annotated[Path, typer.Argument(help="A BEIR or MS MARCO-style collection folder.")]
+SplitOpt = Annotated[str, typer.Option("--split", help="The qrels split whose queries are searched.")]
+DepthOpt = Annotated[int, typer.Option("--k", min=1, help="Documents retrieved per query.")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Texts encoded per batch.")]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="auto (a GPU if torch sees one), cpu, cuda, cuda:1...")
+]
+PrecisionOpt = Annotated[
+    str, typer.Option("--precision", help="float32, or bf16/fp16 mixed precision (fp16 on a GPU only).")
+]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Draw progress bars.")]
+PoolingOpt = Annotated[Pooling | None, typer.Option("--pooling", help="Override the model's pooling.")]
+NormalizeOpt = Annotated[
+    bool | None, typer.Option("--normalize/--no-normalize", help="Override the model's L2 normalisation.")
+]
+QueryLengthOpt = Annotated[
+    int | None, typer.Option("--query-max-length", min=1, help="Override the query token limit.")
+]
+PassageLengthOpt = Annotated[
+    int | None, typer.Option("--passage-max-length", min=1, help="Override the passage token limit.")
+]
+QueryPrefixOpt = Annotated[
+    str | None, typer.Option("--query-prefix", help="Override the text put before queries.")
+]
+PassagePrefixOpt = Annotated[
+    str | None, typer.Option("--passage-prefix", help="Override the text put before passages.")
+]
+RemoteCodeOpt = Annotated[
+    bool, typer.Option("--trust-remote-code", help="Run code shipped with the model (off unless asked).")
+]
+
+
+def load_encoder(
+    model: str,
+    device: str,
+    pooling: str | None,
+    normalize: bool | None,
+    query_max_length: int | None,
+    passage_max_length: int | None,
+    query_prefix: str | None,
+    passage_prefix: str | None,
+    trust_remote_code: bool,
+) -> DenseEncoder:
+    """Load `model` with the command line's overrides and move it to `device`."""
+    from densekit.encoding.device import resolve_device
+
+    encoder = DenseEncoder.load(
+        model,
+        trust_remote_code=trust_remote_code,
+        pooling=pooling,
+        normalize=normalize,
+        query_max_length=query_max_length,
+        passage_max_length=passage_max_length,
+        query_prefix=query_prefix,
+        passage_prefix=passage_prefix,
+    )
+    return encoder.to(resolve_device(device))

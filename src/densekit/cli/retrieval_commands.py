@@ -1,0 +1,176 @@
+"""Sub-commands of the retrieval pipeline: bm25, encode, index, search."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from densekit.cli.options import (
+    BatchOpt,
+    DataDirArg,
+    DepthOpt,
+    DeviceOpt,
+    ModelArg,
+    NormalizeOpt,
+    PassageLengthOpt,
+    PassagePrefixOpt,
+    PoolingOpt,
+    PrecisionOpt,
+    ProgressOpt,
+    QueryLengthOpt,
+    QueryPrefixOpt,
+    RemoteCodeOpt,
+    SplitOpt,
+    load_encoder,
+)
+from densekit.data.dataset import Dataset
+from densekit.data.trec import write_run
+
+log = logging.getLogger("densekit")
+OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Where to write the result.")]
+
+
+def bm25(
+    data_dir: DataDirArg,
+    output: OutputOpt,
+    split: SplitOpt = "test",
+    k: DepthOpt = 1000,
+    k1: Annotated[float, typer.Option(help="BM25 term-frequency saturation.")] = 0.9,
+    b: Annotated[float, typer.Option(help="BM25 length normalisation.")] = 0.4,
+    progress: ProgressOpt = True,
+) -> None:
+    """Rank the corpus with BM25 (title + text, English stemmer and stop words) for a split's queries."""
+    from densekit.retrieval.bm25 import BM25Config, BM25Index
+
+    dataset = Dataset.open(data_dir)
+    queries, _ = dataset.split_queries(split)
+    index = BM25Index(dataset.iter_corpus(), BM25Config(k1=k1, b=b), show_progress=progress)
+    write_run(output, index.search(queries, k), tag="bm25")
+    log.info("wrote %s (%d queries)", output, len(queries))
+
+
+def encode(
+    model: ModelArg,
+    data_dir: DataDirArg,
+    output: OutputOpt,
+    shard: Annotated[
+        str, typer.Option(help="Encode part i of n equal slices of the corpus, as i/n.")
+    ] = "0/1",
+    batch_size: BatchOpt = 64,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "float32",
+    chunk_size: Annotated[int, typer.Option(min=1, help="Documents between resumable save points.")] = 4096,
+    pooling: PoolingOpt = None,
+    normalize: NormalizeOpt = None,
+    query_max_length: QueryLengthOpt = None,
+    passage_max_length: PassageLengthOpt = None,
+    query_prefix: QueryPrefixOpt = None,
+    passage_prefix: PassagePrefixOpt = None,
+    trust_remote_code: RemoteCodeOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Encode the corpus (or one shard) into float32 embeddings beside their ids; resumes if killed."""
+    from densekit.encoding.corpus import Shard, encode_corpus
+
+    part = Shard.parse(shard)
+    encoder = load_encoder(
+        model, device, pooling, normalize, query_max_length, passage_max_length,
+        query_prefix, passage_prefix, trust_remote_code,
+    )  # fmt: skip
+    meta = encode_corpus(
+        encoder,
+        Dataset.open(data_dir),
+        output,
+        part,
+        batch_size,
+        precision,
+        chunk_size,
+        progress,  # type: ignore[arg-type]
+    )
+    log.info("wrote %s", meta)
+
+
+def index(
+    embeddings: Annotated[Path, typer.Argument(help="A folder written by `densekit encode`.")],
+    output: OutputOpt,
+    index_type: Annotated[str, typer.Option("--type", help="flat (exact), hnsw or ivfpq.")] = "flat",
+    hnsw_m: Annotated[int, typer.Option(help="HNSW neighbours per node.")] = 32,
+    ef_construction: Annotated[int, typer.Option(help="HNSW build candidate list.")] = 200,
+    ef_search: Annotated[int, typer.Option(help="HNSW search candidate list (saved as the default).")] = 256,
+    nlist: Annotated[int | None, typer.Option(help="IVF lists (default 4·sqrt(n), capped).")] = None,
+    nprobe: Annotated[int, typer.Option(help="IVF lists probed (saved as the default).")] = 32,
+    pq_m: Annotated[int | None, typer.Option(help="PQ sub-quantisers (default dimension/4).")] = None,
+    pq_bits: Annotated[
+        int | None, typer.Option(help="PQ bits per code (default 8, less for small corpora).")
+    ] = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """Build a Faiss index (inner product) from saved embeddings and save it."""
+    from densekit.encoding.store import EmbeddingStore
+    from densekit.index import IndexSpec, build_index
+
+    spec = IndexSpec(
+        type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction, ef_search=ef_search,
+        nlist=nlist, nprobe=nprobe, pq_m=pq_m, pq_bits=pq_bits,
+    )  # fmt: skip
+    build_index(EmbeddingStore.open(embeddings), spec, output, show_progress=progress)
+    log.info("wrote %s", output)
+
+
+def search(
+    model: ModelArg,
+    index_dir: Annotated[Path, typer.Argument(help="A folder written by `densekit index`.")],
+    data_dir: DataDirArg,
+    output: OutputOpt,
+    split: SplitOpt = "test",
+    k: DepthOpt = 1000,
+    batch_size: BatchOpt = 64,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "float32",
+    gpu_index: Annotated[
+        bool, typer.Option("--gpu-index", help="Search the index on the GPUs faiss sees.")
+    ] = False,
+    ef_search: Annotated[int | None, typer.Option(help="HNSW: override the saved candidate list.")] = None,
+    nprobe: Annotated[int | None, typer.Option(help="IVF: override the saved lists probed.")] = None,
+    pooling: PoolingOpt = None,
+    normalize: NormalizeOpt = None,
+    query_max_length: QueryLengthOpt = None,
+    passage_max_length: PassageLengthOpt = None,
+    query_prefix: QueryPrefixOpt = None,
+    passage_prefix: PassagePrefixOpt = None,
+    trust_remote_code: RemoteCodeOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Encode a split's queries and write their top k documents from the index as a TREC run."""
+    from densekit.index import SearchIndex
+    from densekit.retrieval.dense import dense_search
+
+    queries, _ = Dataset.open(data_dir).split_queries(split)
+    encoder = load_encoder(
+        model, device, pooling, normalize, query_max_length, passage_max_length,
+        query_prefix, passage_prefix, trust_remote_code,
+    )  # fmt: skip
+    searcher = SearchIndex.load(index_dir, gpu=gpu_index)
+    searcher.set_search_parameters(ef_search=ef_search, nprobe=nprobe)
+    run = dense_search(
+        encoder,
+        searcher,
+        queries,
+        k,
+        batch_size,
+        precision,
+        show_progress=progress,  # type: ignore[arg-type]
+    )
+    write_run(output, run, tag="densekit")
+    log.info("wrote %s (%d queries)", output, len(queries))
+
+
+def register(app: typer.Typer) -> None:
+    """Add these sub-commands to `app`."""
+    app.command("bm25")(bm25)
+    app.command("encode")(encode)
+    app.command("index")(index)
+    app.command("search")(search)

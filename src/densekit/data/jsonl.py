@@ -1,0 +1,83 @@
+"""BEIR's JSON-lines files: corpus.jsonl (`_id`, `title`, `text`) and queries.jsonl (`_id`, `text`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from densekit.data.diagnostics import Diagnostics
+from densekit.data.entries import EntryChecker
+from densekit.data.lines import iter_lines
+from densekit.data.records import Document
+
+
+def _iter_objects(path: Path, diagnostics: Diagnostics) -> Iterator[tuple[int, dict]]:
+    """Yield `(line number, object)` for each JSON object line; report malformed and blank lines."""
+    blank: list[int] = []
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            blank.append(lineno)
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            diagnostics.error(path, lineno, f"malformed JSON: {err.msg} at column {err.colno}")
+            continue
+        if not isinstance(obj, dict):
+            diagnostics.error(path, lineno, f"expected a JSON object, found {type(obj).__name__}")
+            continue
+        yield lineno, obj
+    if blank:
+        shown = ", ".join(str(n) for n in blank[:10])
+        diagnostics.warn(path, None, f"{len(blank)} blank lines skipped (lines {shown})")
+
+
+def _string_field(
+    obj: dict, key: str, path: Path, lineno: int, diagnostics: Diagnostics, required: bool
+) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            diagnostics.error(path, lineno, f'missing "{key}"')
+            return None
+        return ""
+    if not isinstance(value, str):
+        diagnostics.error(path, lineno, f'"{key}" must be a string, not {type(value).__name__}')
+        return None
+    return value
+
+
+def iter_jsonl_corpus(path: Path, diagnostics: Diagnostics) -> Iterator[Document]:
+    """Stream the documents of a BEIR corpus.jsonl, one line at a time."""
+    checker = EntryChecker(path, diagnostics, "documents")
+    for lineno, obj in _iter_objects(path, diagnostics):
+        if "_id" not in obj:
+            diagnostics.error(path, lineno, 'missing "_id"')
+            continue
+        doc_id = checker.check_id(obj["_id"], lineno)
+        text = _string_field(obj, "text", path, lineno, diagnostics, required=True)
+        title = _string_field(obj, "title", path, lineno, diagnostics, required=False)
+        if doc_id is None or text is None or title is None:
+            continue
+        checker.note_text(f"{title} {text}", lineno)
+        yield Document(doc_id, text, title)
+    checker.finish()
+
+
+def read_jsonl_queries(path: Path, diagnostics: Diagnostics) -> dict[str, str]:
+    """Read a BEIR queries.jsonl into `{query id: text}`."""
+    checker = EntryChecker(path, diagnostics, "queries")
+    queries: dict[str, str] = {}
+    for lineno, obj in _iter_objects(path, diagnostics):
+        if "_id" not in obj:
+            diagnostics.error(path, lineno, 'missing "_id"')
+            continue
+        query_id = checker.check_id(obj["_id"], lineno)
+        text = _string_field(obj, "text", path, lineno, diagnostics, required=True)
+        if query_id is None or text is None:
+            continue
+        checker.note_text(text, lineno)
+        queries[query_id] = text
+    checker.finish()
+    return queries

@@ -1,0 +1,51 @@
+"""Line-by-line reading of UTF-8 text files, accepting a BOM and CRLF line endings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from densekit.data.diagnostics import DataError, Problem
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Yield `(line number, text)` for each line of `path`, without its line ending.
+
+    Raises `DataError` naming the file (and the line, for bad bytes) when the file is missing, empty or
+    not UTF-8.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError([Problem(path, None, "file not found")])
+    with path.open("rb") as handle:
+        lineno = 0
+        for lineno, raw in enumerate(handle, start=1):
+            if lineno == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM) :]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(
+                    [
+                        Problem(
+                            path,
+                            lineno,
+                            f"not valid UTF-8: byte 0x{raw[err.start]:02x} at column {err.start + 1}",
+                        )
+                    ]
+                ) from None
+            yield lineno, text.rstrip("\n").rstrip("\r")
+        if lineno == 0:
+            raise DataError([Problem(path, None, "file is empty")])
+
+
+def count_nonblank_lines(path: Path) -> int:
+    """Count the lines of `path` holding anything but whitespace, reading it in binary blocks."""
+    count = 0
+    with Path(path).open("rb") as handle:
+        for raw in handle:
+            if raw.strip():
+                count += 1
+    return count

@@ -1,0 +1,1 @@
+"""Texts to vectors: length-ordered batches, sharded corpus encoding and the embedding store."""

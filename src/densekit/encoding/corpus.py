@@ -1,0 +1,137 @@
+"""Encoding a corpus (or one shard of it) into an embedding folder, resumably."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from densekit.data.dataset import Dataset
+from densekit.encoding.device import Precision
+from densekit.encoding.embed import embed_texts
+from densekit.encoding.store import part_stem
+from densekit.io.atomic import atomic_file, write_text_atomic
+from densekit.models.encoder import DenseEncoder
+from densekit.progress import progress_bar
+
+log = logging.getLogger("densekit")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Part `index` of `count` equal contiguous slices of the corpus."""
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """Read `i/n` (0 <= i < n)."""
+        try:
+            index, count = (int(x) for x in text.split("/"))
+        except ValueError:
+            raise ValueError(f"shard {text!r} is not of the form i/n, e.g. 0/4") from None
+        if not 0 <= index < count:
+            raise ValueError(f"shard {text!r}: need 0 <= i < n")
+        return cls(index, count)
+
+    def bounds(self, total: int) -> tuple[int, int]:
+        """The corpus rows [start, end) of this shard."""
+        return total * self.index // self.count, total * (self.index + 1) // self.count
+
+
+def corpus_fingerprint(path: Path) -> dict:
+    """Size and modification time of the corpus file, to notice a corpus changed under a resume."""
+    stat = Path(path).stat()
+    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def encode_corpus(
+    encoder: DenseEncoder,
+    dataset: Dataset,
+    output: Path,
+    shard: Shard = Shard(),
+    batch_size: int = 64,
+    precision: Precision = "float32",
+    chunk_size: int = 4096,
+    show_progress: bool = True,
+) -> Path:
+    """Encode `shard` of the corpus into `output` and return the part's metadata file.
+
+    Rows go straight into a memory-mapped `.npy` as each chunk of `chunk_size` documents is done, and
+    the count of finished rows is saved after each chunk: a killed run started again with the same
+    arguments continues from the last finished chunk. A part already complete is left as it is.
+    """
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    stem = output / part_stem(shard.index, shard.count)
+    meta_file = stem.with_suffix(".json")
+    if meta_file.is_file():
+        log.info("%s is already complete", meta_file)
+        return meta_file
+
+    total = dataset.count_documents()
+    start, end = shard.bounds(total)
+    rows = end - start
+    identity = {
+        "model": encoder.source,
+        "encoder_config": encoder.config.model_dump(),
+        "dimension": encoder.dimension,
+        "corpus_fingerprint": corpus_fingerprint(dataset.corpus_path),
+        "shard": [shard.index, shard.count],
+        "rows": rows,
+        "first_row": start,
+        "corpus_rows": total,
+    }
+    partial = stem.with_name(stem.name + ".partial.npy")
+    progress_file = stem.with_name(stem.name + ".progress.json")
+    done = _resume_point(progress_file, partial, identity)
+    if done == 0:
+        partial.unlink(missing_ok=True)
+        matrix = np.lib.format.open_memmap(
+            partial, mode="w+", dtype=np.float32, shape=(rows, encoder.dimension)
+        )
+    else:
+        log.info("resuming %s at row %d of %d", stem.name, done, rows)
+        matrix = np.lib.format.open_memmap(partial, mode="r+")
+
+    documents = itertools.islice(dataset.iter_corpus(), start, end)
+    ids: list[str] = []
+    with progress_bar(f"encoding {stem.name}", rows, show_progress, completed=done) as advance:
+        for chunk_start in range(0, rows, chunk_size):
+            chunk = list(itertools.islice(documents, chunk_size))
+            ids.extend(doc.id for doc in chunk)
+            if chunk_start + len(chunk) <= done:
+                continue
+            vectors = embed_texts(
+                encoder, [d.full_text for d in chunk], "passage", batch_size, precision, advance
+            )
+            matrix[chunk_start : chunk_start + len(chunk)] = vectors
+            matrix.flush()  # rows on disk before the progress file says they are
+            write_text_atomic(progress_file, json.dumps({**identity, "done": chunk_start + len(chunk)}))
+    if len(ids) != rows:
+        raise RuntimeError(f"{dataset.corpus_path} gave {len(ids)} documents for rows {start}-{end}")
+    del matrix
+    with atomic_file(stem.with_suffix(".ids")) as handle:
+        handle.write("\n".join(ids) + "\n")
+    os.replace(partial, stem.with_suffix(".npy"))
+    write_text_atomic(meta_file, json.dumps(identity, indent=2))
+    progress_file.unlink(missing_ok=True)
+    return meta_file
+
+
+def _resume_point(progress_file: Path, partial: Path, identity: dict) -> int:
+    """Rows already encoded by an earlier run with the same model, settings and corpus, else 0."""
+    if not (progress_file.is_file() and partial.is_file()):
+        return 0
+    saved = json.loads(progress_file.read_text(encoding="utf-8"))
+    done = saved.pop("done", 0)
+    if saved != json.loads(json.dumps(identity)):
+        log.warning("%s was made by another model, setting or corpus; starting over", partial)
+        return 0
+    return int(done)

@@ -1,0 +1,51 @@
+"""Encoding texts in batches ordered by length, each padded only to its own longest text."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from densekit.encoding.device import Precision, autocast
+from densekit.models.config import TextKind
+from densekit.models.encoder import DenseEncoder
+
+
+def embed_texts(
+    encoder: DenseEncoder,
+    texts: list[str],
+    kind: TextKind,
+    batch_size: int = 64,
+    precision: Precision = "float32",
+    advance: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """Vectors for `texts` in their order, as a float32 array (len(texts), dimension).
+
+    Texts are tokenized once, sorted by token count (longest first, so memory peaks at the start) and
+    batched, so padding is small; the encoder stays on whatever device it is on.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    output = np.empty((len(texts), encoder.dimension), dtype=np.float32)
+    if not texts:
+        return output
+    token_ids = encoder.tokenize(texts, kind)
+    order = np.argsort([-len(ids) for ids in token_ids], kind="stable")
+    device = encoder.device
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        with torch.inference_mode(), autocast(device, precision):
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                inputs = encoder.pad([token_ids[i] for i in rows])
+                vectors = encoder(
+                    inputs["input_ids"].to(device), inputs["attention_mask"].to(device), kind=kind
+                )
+                output[rows] = vectors.float().cpu().numpy()
+                if advance is not None:
+                    advance(len(rows))
+    finally:
+        encoder.train(was_training)
+    return output

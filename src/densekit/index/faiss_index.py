@@ -1,0 +1,133 @@
+"""Building, saving, loading and searching Faiss indexes.
+
+An index folder holds `index.faiss`, `ids.txt` (row i's document id) and `index.json` (the spec,
+and the model and settings of the embeddings it was built from). Folders are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from densekit.data.diagnostics import DataError, Problem
+from densekit.encoding.store import EmbeddingStore
+from densekit.index.spec import IndexSpec
+from densekit.io.atomic import atomic_dir
+from densekit.progress import progress_bar
+
+log = logging.getLogger("densekit")
+
+INDEX_FILE = "index.faiss"
+IDS_FILE = "ids.txt"
+META_FILE = "index.json"
+_ADD_BATCH = 65536
+_MAX_TRAINING_POINTS = 256 * 1024
+
+
+def build_index(
+    store: EmbeddingStore, spec: IndexSpec, output: Path, seed: int = 0, show_progress: bool = True
+) -> Path:
+    """Build an index of `spec` over `store`, part by part, and save it atomically to `output`."""
+    rows, dimension = len(store), store.dimension
+    if rows == 0:
+        raise DataError([Problem(store.folder, None, "no embeddings to index")])
+    spec = spec.resolved(rows, dimension)
+    index = faiss.index_factory(dimension, spec.factory_string(), faiss.METRIC_INNER_PRODUCT)
+    if spec.type == "hnsw":
+        index.hnsw.efConstruction = spec.ef_construction
+    if not index.is_trained:
+        index.train(_training_sample(store, seed))
+    with progress_bar(f"indexing ({spec.type})", rows, show_progress) as advance:
+        for vectors in store.iter_parts():
+            for start in range(0, len(vectors), _ADD_BATCH):
+                batch = np.ascontiguousarray(vectors[start : start + _ADD_BATCH], dtype=np.float32)
+                index.add(batch)
+                advance(len(batch))
+    meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "embeddings": store.meta}
+    with atomic_dir(output) as tmp:
+        faiss.write_index(index, str(tmp / INDEX_FILE))
+        (tmp / IDS_FILE).write_text("\n".join(store.ids()) + "\n", encoding="utf-8")
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    return Path(output)
+
+
+def _training_sample(store: EmbeddingStore, seed: int) -> np.ndarray:
+    """Up to `_MAX_TRAINING_POINTS` rows drawn uniformly from every part."""
+    rows = len(store)
+    take = min(rows, _MAX_TRAINING_POINTS)
+    chosen = np.sort(np.random.default_rng(seed).choice(rows, size=take, replace=False))
+    sample, offset = [], 0
+    for vectors in store.iter_parts():
+        local = chosen[(chosen >= offset) & (chosen < offset + len(vectors))] - offset
+        sample.append(np.asarray(vectors[local], dtype=np.float32))
+        offset += len(vectors)
+    return np.ascontiguousarray(np.concatenate(sample))
+
+
+class SearchIndex:
+    """A loaded index: search it with query vectors, get document ids and scores back."""
+
+    def __init__(
+        self, index: faiss.Index, ids: list[str], meta: dict[str, Any], folder: Path, gpu: bool = False
+    ):
+        self.index = index
+        self.parameters = faiss.GpuParameterSpace() if gpu else faiss.ParameterSpace()
+        self.ids = np.asarray(ids, dtype=object)
+        self.meta = meta
+        self.folder = folder
+        self.spec = IndexSpec(**meta["spec"])
+        self.set_search_parameters()
+
+    @classmethod
+    def load(cls, folder: Path | str, gpu: bool = False) -> SearchIndex:
+        """Load a saved index; `gpu` moves it onto every GPU faiss sees, and fails if there is none."""
+        folder = Path(folder)
+        meta_file = folder / META_FILE
+        if not meta_file.is_file():
+            raise DataError([Problem(folder, None, f"not an index folder: {META_FILE} missing")])
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        index = faiss.read_index(str(folder / INDEX_FILE))
+        ids = (folder / IDS_FILE).read_text(encoding="utf-8").splitlines()
+        if len(ids) != index.ntotal:
+            raise DataError([Problem(folder / IDS_FILE, None, f"{len(ids)} ids for {index.ntotal} vectors")])
+        if gpu:
+            index = _to_gpus(index, meta["spec"]["type"])
+        return cls(index, ids, meta, folder, gpu=gpu)
+
+    @property
+    def dimension(self) -> int:
+        """The indexed vectors' size."""
+        return int(self.index.d)
+
+    def set_search_parameters(self, ef_search: int | None = None, nprobe: int | None = None) -> None:
+        """Set HNSW's candidate list size or IVF's lists probed (the spec's values by default)."""
+        if self.spec.type == "hnsw":
+            faiss.ParameterSpace().set_index_parameter(
+                self.index, "efSearch", ef_search or self.spec.ef_search
+            )
+        elif self.spec.type == "ivfpq":
+            self.parameters.set_index_parameter(self.index, "nprobe", nprobe or self.spec.nprobe)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and document ids of the top `k` per query row; missing hits have id None."""
+        if queries.ndim != 2 or queries.shape[1] != self.dimension:
+            raise ValueError(
+                f"query vectors of shape {queries.shape}; the index holds dimension {self.dimension}"
+            )
+        scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        doc_ids = self.ids[np.where(labels < 0, 0, labels)]
+        doc_ids[labels < 0] = None
+        return scores, doc_ids
+
+
+def _to_gpus(index: faiss.Index, index_type: str) -> faiss.Index:
+    if not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
+        raise RuntimeError("--gpu asked for, but this faiss build sees no GPU (install faiss-gpu)")
+    if index_type == "hnsw":
+        raise RuntimeError("faiss has no GPU HNSW; search an HNSW index on the CPU")
+    return faiss.index_cpu_to_all_gpus(index)

@@ -1,0 +1,1 @@
+"""Crash-safe file output."""

@@ -1,0 +1,133 @@
+"""The dense encoder: a transformer backbone (or two), pooling, normalisation and text preparation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from densekit.io.atomic import atomic_dir
+from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
+from densekit.models.hub import resolve_model_path
+from densekit.models.pooling import pool
+from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
+
+QUERY_TOWER = "query_encoder"
+PASSAGE_TOWER = "passage_encoder"
+
+
+class DenseEncoder(torch.nn.Module):
+    """Maps texts to vectors: `query` texts through the query tower, `passage` texts through the other.
+
+    With `config.tied` both towers are one backbone. Load any Hugging Face encoder folder, a
+    sentence-transformers folder, a saved densekit model or a hub id with `DenseEncoder.load`.
+    """
+
+    def __init__(
+        self,
+        backbone: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        config: EncoderConfig,
+        passage_backbone: PreTrainedModel | None = None,
+        source: str = "",
+    ):
+        super().__init__()
+        if config.tied != (passage_backbone is None):
+            raise ValueError("a tied encoder takes one backbone; an untied one takes two")
+        self.query_backbone = backbone
+        self.passage_backbone = passage_backbone if passage_backbone is not None else backbone
+        self.tokenizer = tokenizer
+        self.config = config
+        self.source = source
+
+    @classmethod
+    def load(
+        cls, name_or_path: str | Path, trust_remote_code: bool = False, **overrides: Any
+    ) -> DenseEncoder:
+        """Load an encoder; keyword overrides (pooling=..., normalize=...) replace the saved settings."""
+        path = resolve_model_path(name_or_path)
+        local = Path(path)
+        fields: dict[str, Any] = {}
+        backbone_path: str | Path = path
+        if (local / CONFIG_FILE).is_file():
+            fields = json.loads((local / CONFIG_FILE).read_text(encoding="utf-8"))
+        elif is_st_folder(local):
+            backbone_path, fields = read_st_folder(local)
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        config = EncoderConfig(**fields)
+        if config.tied or not (local / QUERY_TOWER).is_dir():
+            backbone = AutoModel.from_pretrained(backbone_path, trust_remote_code=trust_remote_code)
+            passage = None
+            if not config.tied:
+                passage = AutoModel.from_pretrained(backbone_path, trust_remote_code=trust_remote_code)
+        else:
+            backbone = AutoModel.from_pretrained(local / QUERY_TOWER, trust_remote_code=trust_remote_code)
+            passage = AutoModel.from_pretrained(local / PASSAGE_TOWER, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(backbone_path, trust_remote_code=trust_remote_code)
+        return cls(backbone, tokenizer, config, passage, source=str(name_or_path))
+
+    @property
+    def dimension(self) -> int:
+        """The size of the vectors this encoder produces."""
+        return int(self.query_backbone.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are."""
+        return next(self.query_backbone.parameters()).device
+
+    def backbone(self, kind: TextKind) -> PreTrainedModel:
+        """The tower that encodes `kind` texts."""
+        return self.query_backbone if kind == "query" else self.passage_backbone
+
+    def tokenize(self, texts: list[str], kind: TextKind) -> list[list[int]]:
+        """Token ids of each text with its prefix, truncated to the kind's length, not padded."""
+        prefix = self.config.prefix(kind)
+        encoded = self.tokenizer(
+            [prefix + text for text in texts] if prefix else texts,
+            truncation=True,
+            max_length=self.config.max_length(kind),
+            padding=False,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        return encoded["input_ids"]
+
+    def pad(self, sequences: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Pad token id lists to the longest, on the tokenizer's padding side, as model inputs."""
+        longest = max(len(seq) for seq in sequences)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+        left = self.tokenizer.padding_side == "left"
+        for row, seq in enumerate(sequences):
+            if left:
+                input_ids[row, longest - len(seq) :] = torch.tensor(seq)
+                attention_mask[row, longest - len(seq) :] = 1
+            else:
+                input_ids[row, : len(seq)] = torch.tensor(seq)
+                attention_mask[row, : len(seq)] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind) -> torch.Tensor:
+        """Vectors for a padded batch of `kind` texts."""
+        hidden = self.backbone(kind)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        vectors = pool(hidden, attention_mask, self.config.pooling)
+        if self.config.normalize:
+            vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
+        return vectors
+
+    def save(self, path: str | Path) -> None:
+        """Save atomically: safetensors, `densekit.json`, and sentence-transformers files when tied."""
+        with atomic_dir(path) as tmp:
+            if self.config.tied:
+                self.query_backbone.save_pretrained(tmp, safe_serialization=True)
+                write_st_files(tmp, self.config, self.dimension)
+            else:
+                self.query_backbone.save_pretrained(tmp / QUERY_TOWER, safe_serialization=True)
+                self.passage_backbone.save_pretrained(tmp / PASSAGE_TOWER, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            (tmp / CONFIG_FILE).write_text(self.config.model_dump_json(indent=2), encoding="utf-8")

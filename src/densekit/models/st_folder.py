@@ -1,0 +1,138 @@
+"""Reading and writing the sentence-transformers layout (`modules.json`, `1_Pooling/`, prompts).
+
+densekit saves this layout beside its own `densekit.json` so that `SentenceTransformer(path)` loads a
+densekit model and gives the same embeddings; it reads it so that any sentence-transformers folder
+works as a densekit encoder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from densekit.data.diagnostics import DataError, Problem
+from densekit.models.config import EncoderConfig
+
+_TRANSFORMER = "sentence_transformers.models.Transformer"
+_POOLING = "sentence_transformers.models.Pooling"
+_NORMALIZE = "sentence_transformers.models.Normalize"
+_SUPPORTED_SUFFIXES = {"Transformer": _TRANSFORMER, "Pooling": _POOLING, "Normalize": _NORMALIZE}
+_POOLING_NAMES = {"cls": "cls", "mean": "mean", "lasttoken": "last"}
+_LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_lasttoken": "last",
+}
+
+
+def is_st_folder(path: Path) -> bool:
+    """True when `path` holds a sentence-transformers `modules.json`."""
+    return (Path(path) / "modules.json").is_file()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataError([Problem(path, err.lineno, f"malformed JSON: {err.msg}")]) from None
+
+
+def read_st_folder(path: Path) -> tuple[Path, dict[str, Any]]:
+    """The transformer's folder and the `EncoderConfig` fields a sentence-transformers folder sets."""
+    path = Path(path)
+    modules_file = path / "modules.json"
+    modules = _read_json(modules_file)
+    fields: dict[str, Any] = {"normalize": False}
+    backbone = path
+    for module in modules:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in _SUPPORTED_SUFFIXES:
+            raise DataError(
+                [
+                    Problem(
+                        modules_file,
+                        None,
+                        f"module {module.get('type')!r} is not supported; densekit reads "
+                        "Transformer, Pooling and Normalize modules",
+                    )
+                ]
+            )
+        folder = path / module.get("path", "")
+        if kind == "Transformer":
+            backbone = folder
+        elif kind == "Pooling":
+            fields["pooling"] = _pooling_mode(folder / "config.json")
+        else:
+            fields["normalize"] = True
+    st_config = backbone / "sentence_bert_config.json"
+    if st_config.is_file():
+        max_length = _read_json(st_config).get("max_seq_length")
+        if max_length:
+            fields["query_max_length"] = fields["passage_max_length"] = int(max_length)
+    prompts_file = path / "config_sentence_transformers.json"
+    if prompts_file.is_file():
+        prompts = _read_json(prompts_file).get("prompts") or {}
+        if prompts.get("query"):
+            fields["query_prefix"] = prompts["query"]
+        passage_prompt = prompts.get("document") or prompts.get("passage")
+        if passage_prompt:
+            fields["passage_prefix"] = passage_prompt
+    return backbone, fields
+
+
+def _pooling_mode(config_file: Path) -> str:
+    config = _read_json(config_file)
+    if "pooling_mode" in config:
+        modes = config["pooling_mode"]
+        modes = [modes] if isinstance(modes, str) else list(modes)
+    else:
+        modes = [key for key in _LEGACY_POOLING_KEYS if config.get(key)]
+        modes = [_LEGACY_POOLING_KEYS[key] for key in modes] or ["mean"]
+        modes = [{"last": "lasttoken"}.get(m, m) for m in modes]
+    if len(modes) != 1 or modes[0] not in _POOLING_NAMES:
+        raise DataError(
+            [
+                Problem(
+                    config_file,
+                    None,
+                    f"pooling {modes} is not supported; densekit pools by cls, mean or last",
+                )
+            ]
+        )
+    return _POOLING_NAMES[modes[0]]
+
+
+def write_st_files(path: Path, config: EncoderConfig, dimension: int) -> None:
+    """Write the sentence-transformers description of a tied encoder saved at `path`."""
+    path = Path(path)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": _POOLING},
+    ]
+    if config.normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": _NORMALIZE})
+        (path / "2_Normalize").mkdir(exist_ok=True)
+    (path / "modules.json").write_text(json.dumps(modules, indent=2), encoding="utf-8")
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {
+        "word_embedding_dimension": dimension,
+        "pooling_mode_cls_token": config.pooling == "cls",
+        "pooling_mode_mean_tokens": config.pooling == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": config.pooling == "last",
+        "include_prompt": True,
+    }
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2), encoding="utf-8")
+    # sentence-transformers has one length for all texts: the passages' (queries rarely reach it).
+    st_config = {"max_seq_length": config.passage_max_length, "do_lower_case": False}
+    (path / "sentence_bert_config.json").write_text(json.dumps(st_config, indent=2), encoding="utf-8")
+    prompts = {"query": config.query_prefix, "document": config.passage_prefix}
+    extra = {
+        "prompts": prompts,
+        "default_prompt_name": None,
+        "similarity_fn_name": "cosine" if config.normalize else "dot",
+    }
+    (path / "config_sentence_transformers.json").write_text(json.dumps(extra, indent=2), encoding="utf-8")

@@ -1,0 +1,126 @@
+"""Shared fixtures: tiny random models built once per session, and collections written on demand."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from densekit.models.hub import resolve_model_path
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def tiny_bert(path: Path, seed: int = 0, hidden: int = 32, layers: int = 2) -> Path:
+    """Save a randomly initialised small BERT with the bundled MiniLM tokenizer at `path`."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MINILM))
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=hidden * 2,
+        max_position_embeddings=128,
+    )
+    BertModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A plain Hugging Face BERT folder (no sentence-transformers files)."""
+    return tiny_bert(tmp_path_factory.mktemp("tiny-bert") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_st_model(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """The tiny BERT as a sentence-transformers folder: mean pooling, normalised, 48 tokens, prompts."""
+    path = tmp_path_factory.mktemp("tiny-st") / "model"
+    shutil.copytree(tiny_model, path)
+    (path / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                },
+            ]
+        )
+    )
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
+    )
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48}))
+    (path / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "query: ", "document": "passage: "}})
+    )
+    return path
+
+
+CORPUS = [
+    {"_id": "d1", "title": "Cats", "text": "Cats are small domesticated carnivorous mammals."},
+    {"_id": "d2", "title": "Dogs", "text": "Dogs were domesticated from wolves thousands of years ago."},
+    {"_id": "d3", "title": "", "text": "The stock market fell sharply on Monday amid inflation fears."},
+    {"_id": "d4", "title": "Python", "text": "Python is a programming language that emphasises readability."},
+    {"_id": "d5", "title": "Photosynthesis", "text": "Plants convert light energy into chemical energy."},
+    {"_id": "d6", "title": "Volcanoes", "text": "A volcano is a rupture in the crust of a planet."},
+    {"_id": "q3", "title": "Whales", "text": "Whales are large marine mammals that breathe air."},
+    {"_id": "d8", "title": "Rust", "text": "Rust is a programming language focused on memory safety."},
+]
+QUERIES = [
+    {"_id": "q1", "text": "which mammals were domesticated"},
+    {"_id": "q2", "text": "programming language readability"},
+    {"_id": "q3", "text": "marine mammals that breathe air"},
+    {"_id": "q4", "text": "how do plants make energy from light"},
+]
+QRELS = {"test": [("q1", "d1", 1), ("q1", "d2", 2), ("q2", "d4", 1), ("q3", "q3", 1), ("q4", "d5", 1)],
+         "train": [("q2", "d8", 1)]}  # fmt: skip
+
+
+def write_beir(
+    root: Path,
+    corpus: list[dict] = CORPUS,
+    queries: list[dict] = QUERIES,
+    qrels: dict[str, list[tuple]] = QRELS,
+) -> Path:
+    """Write a BEIR folder at `root` and return it."""
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    for split, rows in qrels.items():
+        lines = ["query-id\tcorpus-id\tscore"] + ["\t".join(str(c) for c in row) for row in rows]
+        (root / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture
+def beir_dir(tmp_path: Path) -> Path:
+    """A small valid BEIR collection; query q3 is also a document, as in some BEIR sets."""
+    return write_beir(tmp_path / "beir")
+
+
+@pytest.fixture
+def make_beir(tmp_path: Path) -> Callable[..., Path]:
+    """Write a BEIR folder with some parts replaced."""
+    return lambda **parts: write_beir(tmp_path / "custom", **parts)
+
+
+def shared_collection(name: str) -> Path:
+    """A collection from ../shared/data; the test is skipped, saying why, where it is absent."""
+    path = SHARED_DATA / name
+    if not (path / "corpus.jsonl").is_file():
+        pytest.skip(f"{path} not found: the shared test collections sit beside the repository")
+    return path

@@ -1,0 +1,100 @@
+"""Faiss indexes: exactness of flat search, approximate types, saving, loading and the run's ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from densekit.data import Diagnostics
+from densekit.data.trec import read_run, write_run
+from densekit.encoding.store import EmbeddingStore
+from densekit.index import IndexSpec, SearchIndex, build_index
+from densekit.retrieval.ranking import hits_to_run
+
+
+def fake_store(folder: Path, vectors: np.ndarray, parts: int = 1) -> EmbeddingStore:
+    """An embedding folder written directly, as `densekit encode` would."""
+    import json
+
+    from densekit.encoding.store import part_stem
+
+    folder.mkdir(parents=True)
+    ids = [f"doc{i}" for i in range(len(vectors))]
+    bounds = np.linspace(0, len(vectors), parts + 1).astype(int)
+    for p in range(parts):
+        stem = folder / part_stem(p, parts)
+        lo, hi = bounds[p], bounds[p + 1]
+        np.save(stem.with_suffix(".npy"), vectors[lo:hi].astype(np.float32))
+        stem.with_suffix(".ids").write_text("\n".join(ids[lo:hi]) + "\n")
+        meta = {"rows": int(hi - lo), "dimension": vectors.shape[1], "model": "m", "corpus_fingerprint": {}}
+        stem.with_suffix(".json").write_text(json.dumps(meta))
+    return EmbeddingStore.open(folder)
+
+
+@pytest.fixture(scope="module")
+def vectors() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((3000, 32)).astype(np.float32)
+    return data / np.linalg.norm(data, axis=1, keepdims=True)
+
+
+def test_flat_index_is_exact_and_survives_a_reload(vectors, tmp_path: Path):
+    store = fake_store(tmp_path / "emb", vectors, parts=3)
+    build_index(store, IndexSpec(type="flat"), tmp_path / "index", show_progress=False)
+    index = SearchIndex.load(tmp_path / "index")
+    queries = vectors[:5] + 0.01
+    scores, ids = index.search(queries, 10)
+    exact = queries @ vectors.T
+    expected = np.argsort(-exact, axis=1)[:, :10]
+    assert ids.tolist() == [[f"doc{j}" for j in row] for row in expected]
+    assert np.allclose(scores, np.take_along_axis(exact, expected, axis=1), atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [IndexSpec(type="hnsw"), IndexSpec(type="ivfpq", nprobe=64)])
+def test_approximate_indexes_find_most_true_neighbours(vectors, tmp_path: Path, spec: IndexSpec):
+    store = fake_store(tmp_path / "emb", vectors)
+    build_index(store, spec, tmp_path / "index", show_progress=False)
+    index = SearchIndex.load(tmp_path / "index")
+    assert index.spec.type == spec.type
+    _, found = index.search(vectors[:50], 10)
+    expected = np.argsort(-(vectors[:50] @ vectors.T), axis=1)[:, :10]
+    recall = np.mean(
+        [len(set(f) & {f"doc{j}" for j in e}) / 10 for f, e in zip(found, expected, strict=True)]
+    )
+    assert recall > (0.95 if spec.type == "hnsw" else 0.3)
+
+
+def test_ivfpq_parameters_are_chosen_from_the_corpus():
+    spec = IndexSpec(type="ivfpq").resolved(rows=5183, dimension=384)
+    assert spec.nlist == 5183 // 39 and spec.pq_m == 96 and spec.pq_bits == 7
+    assert IndexSpec(type="ivfpq").resolved(rows=1_000_000, dimension=768).pq_bits == 8
+
+
+def test_search_parameters_can_be_overridden(vectors, tmp_path: Path):
+    store = fake_store(tmp_path / "emb", vectors)
+    build_index(store, IndexSpec(type="hnsw", ef_search=16), tmp_path / "index", show_progress=False)
+    index = SearchIndex.load(tmp_path / "index")
+    import faiss
+
+    assert faiss.downcast_index(index.index).hnsw.efSearch == 16
+    index.set_search_parameters(ef_search=300)
+    assert faiss.downcast_index(index.index).hnsw.efSearch == 300
+
+
+def test_wrong_query_dimension_is_an_error(vectors, tmp_path: Path):
+    build_index(fake_store(tmp_path / "emb", vectors), IndexSpec(), tmp_path / "index", show_progress=False)
+    with pytest.raises(ValueError, match="dimension 32"):
+        SearchIndex.load(tmp_path / "index").search(np.zeros((1, 8), dtype=np.float32), 3)
+
+
+def test_runs_skip_the_query_itself_and_have_real_ranks(tmp_path: Path):
+    scores = np.array([[0.9, 0.8, 0.7], [0.5, 0.4, -1.0]])
+    ids = np.array([["q1", "a", "b"], ["c", "q1", None]], dtype=object)
+    run = hits_to_run(["q1", "q2"], scores, ids, k=2)
+    assert run == {"q1": [("a", 0.8), ("b", 0.7)], "q2": [("c", 0.5), ("q1", 0.4)]}
+    write_run(tmp_path / "run.trec", run)
+    lines = (tmp_path / "run.trec").read_text().splitlines()
+    assert lines[0].split()[:4] == ["q1", "Q0", "a", "1"] and lines[1].split()[3] == "2"
+    assert read_run(tmp_path / "run.trec", Diagnostics())["q2"] == {"c": 0.5, "q1": 0.4}
