@@ -11,7 +11,7 @@ from densekit.data import Diagnostics
 from densekit.data.trec import read_run, write_run
 from densekit.encoding.store import EmbeddingStore
 from densekit.index import IndexSpec, SearchIndex, build_index
-from densekit.retrieval.ranking import hits_to_run
+from densekit.retrieval.hits import Hits
 
 
 def fake_store(folder: Path, vectors: np.ndarray, parts: int = 1) -> EmbeddingStore:
@@ -45,7 +45,8 @@ def test_flat_index_is_exact_and_survives_a_reload(vectors, tmp_path: Path):
     build_index(store, IndexSpec(type="flat"), tmp_path / "index", show_progress=False)
     index = SearchIndex.load(tmp_path / "index")
     queries = vectors[:5] + 0.01
-    scores, ids = index.search(queries, 10)
+    hits = index.search(queries, 10)
+    scores, ids = hits.scores, hits.doc_ids()
     exact = queries @ vectors.T
     expected = np.argsort(-exact, axis=1)[:, :10]
     assert ids.tolist() == [[f"doc{j}" for j in row] for row in expected]
@@ -58,7 +59,7 @@ def test_approximate_indexes_find_most_true_neighbours(vectors, tmp_path: Path, 
     build_index(store, spec, tmp_path / "index", show_progress=False)
     index = SearchIndex.load(tmp_path / "index")
     assert index.spec.type == spec.type
-    _, found = index.search(vectors[:50], 10)
+    found = index.search(vectors[:50], 10).doc_ids()
     expected = np.argsort(-(vectors[:50] @ vectors.T), axis=1)[:, :10]
     recall = np.mean(
         [len(set(f) & {f"doc{j}" for j in e}) / 10 for f, e in zip(found, expected, strict=True)]
@@ -91,8 +92,10 @@ def test_wrong_query_dimension_is_an_error(vectors, tmp_path: Path):
 
 def test_runs_skip_the_query_itself_and_have_real_ranks(tmp_path: Path):
     scores = np.array([[0.9, 0.8, 0.7], [0.5, 0.4, -1.0]])
-    ids = np.array([["q1", "a", "b"], ["c", "q1", None]], dtype=object)
-    run = hits_to_run(["q1", "q2"], scores, ids, k=2)
+    labels = np.array([[0, 1, 2], [3, 0, -1]])
+    hits = Hits(scores, labels, np.array(["q1", "a", "b", "c"], dtype=object))
+    assert hits.doc_ids().tolist() == [["q1", "a", "b"], ["c", "q1", None]]
+    run = hits.to_run(["q1", "q2"], k=2)
     assert run == {"q1": [("a", 0.8), ("b", 0.7)], "q2": [("c", 0.5), ("q1", 0.4)]}
     write_run(tmp_path / "run.trec", run)
     lines = (tmp_path / "run.trec").read_text().splitlines()

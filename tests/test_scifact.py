@@ -53,8 +53,8 @@ def test_minilm_zero_shot_through_the_cli(scifact_embeddings: Path, tmp_path: Pa
 
 
 def _recall_at_100(approximate: SearchIndex, exact: SearchIndex, queries: np.ndarray) -> float:
-    _, found = approximate.search(queries, 100)
-    _, truth = exact.search(queries, 100)
+    found = approximate.search(queries, 100).labels
+    truth = exact.search(queries, 100).labels
     return float(np.mean([len(set(f) & set(t)) / 100 for f, t in zip(found, truth, strict=True)]))
 
 

@@ -9,7 +9,7 @@ import typer
 from rich.logging import RichHandler
 from transformers.utils import logging as transformers_logging
 
-from densekit.cli import data_commands, quickstart_command, retrieval_commands
+from densekit.cli import data_commands, quickstart_command, recipe_command, retrieval_commands, train_commands
 from densekit.data.diagnostics import DataError
 from densekit.progress import stderr_console
 
@@ -43,6 +43,8 @@ def configure(
 data_commands.register(app)
 retrieval_commands.register(app)
 quickstart_command.register(app)
+train_commands.register(app)
+recipe_command.register(app)
 
 
 def main() -> None:

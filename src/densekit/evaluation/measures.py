@@ -8,7 +8,7 @@ import ir_measures
 from ir_measures import Measure
 
 from densekit.data.records import Qrels, Run
-from densekit.retrieval.ranking import RankedRun
+from densekit.retrieval.hits import RankedRun
 
 DEFAULT_MEASURES = ("nDCG@10", "RR@10", "R@100", "R@1000", "AP")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from densekit.encoding.store import EmbeddingStore
 from densekit.index.spec import IndexSpec
 from densekit.io.atomic import atomic_dir
 from densekit.progress import progress_bar
+from densekit.retrieval.hits import Hits
 
 log = logging.getLogger("densekit")
 
@@ -37,11 +39,7 @@ def build_index(
     if rows == 0:
         raise DataError([Problem(store.folder, None, "no embeddings to index")])
     spec = spec.resolved(rows, dimension)
-    index = faiss.index_factory(dimension, spec.factory_string(), faiss.METRIC_INNER_PRODUCT)
-    if spec.type == "hnsw":
-        index.hnsw.efConstruction = spec.ef_construction
-    if not index.is_trained:
-        index.train(_training_sample(store, seed))
+    index = _empty_index(spec, dimension, lambda: _training_sample(store, seed))
     with progress_bar(f"indexing ({spec.type})", rows, show_progress) as advance:
         for vectors in store.iter_parts():
             for start in range(0, len(vectors), _ADD_BATCH):
@@ -54,6 +52,16 @@ def build_index(
         (tmp / IDS_FILE).write_text("\n".join(store.ids()) + "\n", encoding="utf-8")
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return Path(output)
+
+
+def _empty_index(spec: IndexSpec, dimension: int, training_sample: Callable[[], np.ndarray]) -> faiss.Index:
+    """A trained, empty index of a resolved `spec`."""
+    index = faiss.index_factory(dimension, spec.factory_string(), faiss.METRIC_INNER_PRODUCT)
+    if spec.type == "hnsw":
+        index.hnsw.efConstruction = spec.ef_construction
+    if not index.is_trained:
+        index.train(training_sample())
+    return index
 
 
 def _training_sample(store: EmbeddingStore, seed: int) -> np.ndarray:
@@ -82,6 +90,16 @@ class SearchIndex:
         self.folder = folder
         self.spec = IndexSpec(**meta["spec"])
         self.set_search_parameters()
+
+    @classmethod
+    def from_vectors(cls, vectors: np.ndarray, ids: list[str], spec: IndexSpec = IndexSpec()) -> SearchIndex:
+        """An index held in memory only (for evaluation and mining inside a run)."""
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        spec = spec.resolved(len(vectors), vectors.shape[1])
+        index = _empty_index(spec, vectors.shape[1], lambda: vectors[:_MAX_TRAINING_POINTS])
+        index.add(vectors)
+        meta = {"spec": spec.model_dump(), "rows": len(vectors), "dimension": vectors.shape[1]}
+        return cls(index, ids, meta, Path("<memory>"))
 
     @classmethod
     def load(cls, folder: Path | str, gpu: bool = False) -> SearchIndex:
@@ -113,16 +131,14 @@ class SearchIndex:
         elif self.spec.type == "ivfpq":
             self.parameters.set_index_parameter(self.index, "nprobe", nprobe or self.spec.nprobe)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Scores and document ids of the top `k` per query row; missing hits have id None."""
+    def search(self, queries: np.ndarray, k: int) -> Hits:
+        """The top `k` rows per query; ids are looked up only when asked for (`Hits.doc_ids`)."""
         if queries.ndim != 2 or queries.shape[1] != self.dimension:
             raise ValueError(
                 f"query vectors of shape {queries.shape}; the index holds dimension {self.dimension}"
             )
         scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-        doc_ids = self.ids[np.where(labels < 0, 0, labels)]
-        doc_ids[labels < 0] = None
-        return scores, doc_ids
+        return Hits(scores, labels, self.ids)
 
 
 def _to_gpus(index: faiss.Index, index_type: str) -> faiss.Index:

@@ -10,7 +10,7 @@ import Stemmer
 from pydantic import BaseModel, ConfigDict
 
 from densekit.data.records import Document
-from densekit.retrieval.ranking import RankedRun, hits_to_run
+from densekit.retrieval.hits import Hits, RankedRun
 
 
 class BM25Config(BaseModel):
@@ -46,6 +46,15 @@ class BM25Index:
             texts, stopwords=self.config.stopwords, stemmer=self.stemmer, show_progress=self.show_progress
         )
 
+    def scores_of(self, query: str, doc_ids: list[str]) -> list[float]:
+        """BM25 scores of the given documents for one query."""
+        if not hasattr(self, "_rows"):
+            self._rows = {doc_id: row for row, doc_id in enumerate(self.ids)}
+        tokens = bm25s.tokenize([query], stopwords=self.config.stopwords, stemmer=self.stemmer,
+                                return_ids=False, show_progress=False)[0]  # fmt: skip
+        scores = self.retriever.get_scores(tokens)
+        return [float(scores[self._rows[doc_id]]) for doc_id in doc_ids]
+
     def search(self, queries: dict[str, str], k: int = 1000, skip_self: bool = True) -> RankedRun:
         """The top `k` documents for each query."""
         query_ids = list(queries)
@@ -54,4 +63,4 @@ class BM25Index:
         depth = min(k + 1 if skip_self else k, len(self.ids))
         tokens = self._tokenize([queries[q] for q in query_ids])
         rows, scores = self.retriever.retrieve(tokens, k=depth, show_progress=self.show_progress)
-        return hits_to_run(query_ids, scores, self.ids[rows], k, skip_self)
+        return Hits(scores, rows.astype(np.int64), self.ids).to_run(query_ids, k, skip_self)

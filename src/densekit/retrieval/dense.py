@@ -9,7 +9,7 @@ from densekit.encoding.embed import embed_texts
 from densekit.index.faiss_index import SearchIndex
 from densekit.models.encoder import DenseEncoder
 from densekit.progress import progress_bar
-from densekit.retrieval.ranking import RankedRun, hits_to_run
+from densekit.retrieval.hits import RankedRun
 
 log = logging.getLogger("densekit")
 
@@ -51,5 +51,4 @@ def dense_search(
         vectors = embed_texts(
             encoder, [queries[q] for q in query_ids], "query", batch_size, precision, advance
         )
-    scores, doc_ids = index.search(vectors, k + 1 if skip_self else k)
-    return hits_to_run(query_ids, scores, doc_ids, k, skip_self)
+    return index.search(vectors, k + 1 if skip_self else k).to_run(query_ids, k, skip_self)

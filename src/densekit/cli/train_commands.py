@@ -1,0 +1,122 @@
+"""`densekit train` and `densekit mine`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from densekit.cli.options import BatchOpt, DataDirArg, DeviceOpt, ProgressOpt
+
+OverridesArg = Annotated[
+    list[str] | None, typer.Argument(help="Config overrides as section.key=value, e.g. optim.epochs=3.")
+]
+
+
+def train(
+    config: Annotated[
+        Path, typer.Argument(help="A YAML training config (see recipes/ and docs/training.md).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Where checkpoints, logs and the final model go.")],
+    overrides: OverridesArg = None,
+    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --out.")] = False,
+    grad_cache: Annotated[
+        bool | None,
+        typer.Option("--grad-cache/--no-grad-cache", help="Gradient caching (grad_cache.enabled)."),
+    ] = None,
+    chunk_size: Annotated[
+        int | None, typer.Option(help="Texts per GradCache chunk (grad_cache.chunk_size).")
+    ] = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """Fine-tune a dense encoder contrastively (InfoNCE, in-batch + hard negatives).
+
+    Several processes: `torchrun --nproc_per_node N -m densekit train CONFIG --out DIR`.
+    """
+    from densekit.configuration import load_config
+    from densekit.training.config import TrainConfig
+    from densekit.training.run import run_training
+
+    extra = list(overrides or [])
+    if grad_cache is not None:
+        extra.append(f"grad_cache.enabled={str(grad_cache).lower()}")
+    if chunk_size is not None:
+        extra.append(f"grad_cache.chunk_size={chunk_size}")
+    run_training(load_config(config, TrainConfig, extra), out, resume=resume, show_progress=progress)
+
+
+def mine(
+    data_dir: DataDirArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The training file to write (JSONL).")],
+    split: Annotated[str, typer.Option(help="The qrels split whose queries are mined for.")] = "train",
+    source: Annotated[
+        str, typer.Option(help="bm25, dense (needs --model), or none (judged positives only).")
+    ] = "bm25",
+    model: Annotated[str | None, typer.Option(help="Model for dense mining (folder or hub id).")] = None,
+    index: Annotated[
+        Path | None,
+        typer.Option(
+            help="A `densekit index` folder built with --model (default: encode the corpus in memory)."
+        ),
+    ] = None,
+    ranks: Annotated[
+        str, typer.Option(help="Rank range negatives come from, as first-last (1-based).")
+    ] = "10-200",
+    count: Annotated[int, typer.Option(min=1, help="Negatives sampled per query.")] = 30,
+    margin: Annotated[
+        float | None, typer.Option(help="Drop candidates scoring above (positive - margin).")
+    ] = None,
+    relative_margin: Annotated[
+        float | None, typer.Option(help="Drop candidates scoring above (positive x this), e.g. 0.95.")
+    ] = None,
+    keep_identical: Annotated[
+        bool, typer.Option(help="Keep candidates whose text equals a positive's.")
+    ] = False,
+    min_relevance: Annotated[int, typer.Option(help="Judgements at least this relevant are positives.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the sampling.")] = 42,
+    batch_size: BatchOpt = 64,
+    device: DeviceOpt = "auto",
+    progress: ProgressOpt = True,
+) -> None:
+    """Build training examples from judgements, with hard negatives mined by BM25 or a dense model.
+
+    Writes the file atomically and a report of what each filter removed beside it (FILE.report.json).
+    """
+    from rich.console import Console
+
+    from densekit.data.dataset import Dataset
+    from densekit.encoding.device import resolve_device
+    from densekit.mining.filters import MiningSettings
+    from densekit.mining.mine import mine as run_mine
+    from densekit.models import DenseEncoder
+
+    first, sep, last = ranks.partition("-")
+    if not sep or not first.isdigit() or not last.isdigit():
+        raise ValueError(f"--ranks {ranks!r} is not of the form first-last, e.g. 10-200")
+    settings = MiningSettings(
+        first_rank=int(first), last_rank=int(last), count=count, margin=margin,
+        relative_margin=relative_margin, exclude_identical=not keep_identical, seed=seed,
+    )  # fmt: skip
+    if source == "dense" and model is None:
+        raise ValueError("--source dense needs --model")
+    encoder = DenseEncoder.load(model).to(resolve_device(device)) if source == "dense" else None
+    report = run_mine(
+        Dataset.open(data_dir),
+        split,
+        output,
+        source,
+        settings,
+        encoder,
+        index,
+        min_relevance,
+        batch_size,
+        progress,  # type: ignore[arg-type]
+    )
+    Console(stderr=True).print_json(data=report)
+
+
+def register(app: typer.Typer) -> None:
+    """Add these sub-commands to `app`."""
+    app.command("train")(train)
+    app.command("mine")(mine)

@@ -1,0 +1,120 @@
+"""`densekit mine`: training examples from a split's judgements plus negatives from a retriever."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from densekit.data.dataset import Dataset
+from densekit.encoding.embed import embed_texts
+from densekit.index import SearchIndex
+from densekit.io.atomic import write_text_atomic
+from densekit.mining.filters import MiningSettings, choose_negatives
+from densekit.models.encoder import DenseEncoder
+from densekit.progress import progress_bar
+from densekit.retrieval.bm25 import BM25Index
+from densekit.retrieval.dense import check_compatible
+from densekit.retrieval.hits import RankedRun
+from densekit.retrieval.in_memory import index_corpus
+from densekit.training.examples import TrainingExample, examples_from_qrels, write_examples
+
+log = logging.getLogger("densekit")
+
+Source = Literal["bm25", "dense", "none"]
+
+
+def report_path(output: Path) -> Path:
+    """Where the mining report of a training file goes."""
+    return Path(f"{output}.report.json")
+
+
+def bm25_candidates(
+    index: BM25Index, examples: list[TrainingExample], depth: int
+) -> tuple[RankedRun, dict[str, dict[str, float]]]:
+    """BM25's top `depth` for each example's query, and the BM25 scores of its positives."""
+    ranked = index.search({e.query_id: e.query for e in examples}, k=depth)
+    positive_scores = {
+        e.query_id: dict(zip(e.positives, index.scores_of(e.query, e.positives), strict=True))
+        for e in examples
+    }
+    return ranked, positive_scores
+
+
+def dense_candidates(
+    encoder: DenseEncoder,
+    index: SearchIndex,
+    texts: dict[str, str],
+    examples: list[TrainingExample],
+    depth: int,
+    batch_size: int = 64,
+    show_progress: bool = True,
+) -> tuple[RankedRun, dict[str, dict[str, float]]]:
+    """The index's top `depth` for each query, and the exact scores of its positives under `encoder`."""
+    check_compatible(encoder, index)
+    query_ids = [e.query_id for e in examples]
+    with progress_bar("encoding queries", len(examples), show_progress) as advance:
+        query_vectors = embed_texts(
+            encoder, [e.query for e in examples], "query", batch_size, advance=advance
+        )
+    ranked = index.search(query_vectors, depth + 1).to_run(query_ids, depth)
+    positives = sorted({p for e in examples for p in e.positives})
+    positive_vectors = embed_texts(encoder, [texts[p] for p in positives], "passage", batch_size)
+    row = {doc_id: i for i, doc_id in enumerate(positives)}
+    positive_scores = {}
+    for i, example in enumerate(examples):
+        scores = positive_vectors[[row[p] for p in example.positives]] @ query_vectors[i]
+        positive_scores[example.query_id] = dict(
+            zip(example.positives, np.asarray(scores).tolist(), strict=True)
+        )
+    return ranked, positive_scores
+
+
+def mine(
+    dataset: Dataset,
+    split: str,
+    output: Path,
+    source: Source,
+    settings: MiningSettings,
+    encoder: DenseEncoder | None = None,
+    index_dir: Path | None = None,
+    min_relevance: int = 1,
+    batch_size: int = 64,
+    show_progress: bool = True,
+) -> dict:
+    """Write examples for `split` to `output` atomically, with a report beside it; returns the report."""
+    queries, qrels = dataset.split_queries(split)
+    examples = examples_from_qrels(queries, qrels, min_relevance)
+    if source == "none":
+        write_examples(output, examples)
+        report = {"source": "none", "queries": len(examples), "negatives_written": 0}
+        write_text_atomic(report_path(output), json.dumps(report, indent=2) + "\n")
+        return report
+    documents = list(dataset.iter_corpus())
+    texts = {doc.id: doc.full_text for doc in documents}
+    depth = settings.last_rank
+    if source == "bm25":
+        ranked, positive_scores = bm25_candidates(
+            BM25Index(documents, show_progress=show_progress), examples, depth
+        )
+    elif source == "dense":
+        if encoder is None:
+            raise ValueError("dense mining needs a model")
+        index = (
+            SearchIndex.load(index_dir)
+            if index_dir is not None
+            else index_corpus(encoder, documents, batch_size, show_progress=show_progress)
+        )
+        ranked, positive_scores = dense_candidates(
+            encoder, index, texts, examples, depth, batch_size, show_progress
+        )
+    else:
+        raise ValueError(f"unknown source {source!r}: expected bm25, dense or none")
+    mined, tally = choose_negatives(examples, ranked, positive_scores, texts, settings)
+    write_examples(output, mined)
+    report = tally.as_dict(settings, source)
+    write_text_atomic(report_path(output), json.dumps(report, indent=2) + "\n")
+    return report

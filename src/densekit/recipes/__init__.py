@@ -1,0 +1,1 @@
+"""Recipes: YAML pipelines of steps (mine, train, encode, index, search, evaluate) that resume."""

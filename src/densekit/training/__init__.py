@@ -1,0 +1,1 @@
+"""Training: examples, batches, objectives, and the one trainer every method runs through."""

@@ -1,0 +1,125 @@
+"""Training checkpoints: weights, optimizer, scheduler, random states and position, with no pickle.
+
+A checkpoint is a folder `step-<n>` written atomically:
+
+- `state.safetensors`: the trained module's tensors (heads and all, for resuming);
+- `optimizer.safetensors` + `trainer_state.json`: optimizer moments, hyper-parameters, scheduler,
+  step, best evaluation;
+- `rng.safetensors`: the CPU and GPU random states (dropout's), so a resumed run draws the same;
+- `model/`: the usable model (`densekit`, transformers and sentence-transformers load it);
+- `config.yaml`: the run's configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from densekit.io.atomic import atomic_dir
+
+_STEP_FOLDER = re.compile(r"^step-(\d+)$")
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """An optimizer's state as flat tensors plus JSON-able rest."""
+    state = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for param_id, values in state["state"].items():
+        for name, value in values.items():
+            key = f"{param_id}.{name}"
+            if torch.is_tensor(value):
+                tensors[key] = value.detach().contiguous().cpu()
+            else:
+                scalars[key] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def restore_optimizer(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], rest: dict[str, Any]
+) -> None:
+    """Load what `optimizer_tensors` saved."""
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in [*tensors.items(), *rest["scalars"].items()]:
+        param_id, name = key.split(".", 1)
+        state.setdefault(int(param_id), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": rest["param_groups"]})
+
+
+def random_states(device: torch.device) -> dict[str, torch.Tensor]:
+    """The random states dropout draws from."""
+    states = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def restore_random_states(states: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Set what `random_states` saved."""
+    torch.set_rng_state(states["cpu"])
+    if device.type == "cuda" and "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+def save_checkpoint(
+    folder: Path,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    export: Any,
+    device: torch.device,
+) -> None:
+    """Write a checkpoint folder atomically; `export(path)` writes the usable model."""
+    with atomic_dir(folder) as tmp:
+        safetensors.torch.save_model(module, str(tmp / "state.safetensors"))
+        tensors, rest = optimizer_tensors(optimizer)
+        safetensors.torch.save_file(tensors, str(tmp / "optimizer.safetensors"))
+        safetensors.torch.save_file(random_states(device), str(tmp / "rng.safetensors"))
+        payload = {**trainer_state, "optimizer": rest, "scheduler": scheduler.state_dict()}
+        (tmp / "trainer_state.json").write_text(json.dumps(payload, indent=2), encoding="utf-8")
+        (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
+        export(tmp / "model")
+
+
+def load_checkpoint(
+    folder: Path,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Restore a checkpoint into the given objects; returns the trainer state (step, best, ...)."""
+    missing, unexpected = safetensors.torch.load_model(
+        module, str(folder / "state.safetensors"), device=str(device)
+    )
+    if missing or unexpected:
+        raise ValueError(
+            f"{folder}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})"
+        )
+    payload = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+    tensors = safetensors.torch.load_file(str(folder / "optimizer.safetensors"), device=str(device))
+    restore_optimizer(optimizer, tensors, payload.pop("optimizer"))
+    scheduler.load_state_dict(payload.pop("scheduler"))
+    restore_random_states(safetensors.torch.load_file(str(folder / "rng.safetensors")), device)
+    return payload
+
+
+def checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint folders under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_FOLDER.match(p.name)) and p.is_dir()]
+    return [path for _, path in sorted(found)]
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints."""
+    for old in checkpoints(root)[:-keep]:
+        shutil.rmtree(old)

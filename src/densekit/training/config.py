@@ -1,0 +1,106 @@
+"""Every option of a training run, in one YAML file; any of them overridable as `section.key=value`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from densekit.models.config import Pooling
+from densekit.training.groups import Shortfall
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(Section):
+    """The encoder to start from; unset settings keep what the model folder says."""
+
+    path: str = "sentence-transformers/all-MiniLM-L6-v2"
+    pooling: Pooling | None = None
+    normalize: bool | None = None
+    query_max_length: int | None = Field(None, gt=0)
+    passage_max_length: int | None = Field(None, gt=0)
+    query_prefix: str | None = None
+    passage_prefix: str | None = None
+    tied: bool | None = Field(None, description="one backbone for both (true) or two towers (false)")
+    trust_remote_code: bool = False
+
+
+class DataSection(Section):
+    """Where the examples and the texts they name are."""
+
+    path: str = Field(description="the collection folder whose corpus the examples' ids refer to")
+    train: str = Field(description="training examples (JSONL), e.g. from `densekit mine`")
+    group_size: int = Field(2, ge=1, description="passages per query: 1 positive + group_size-1 negatives")
+    shortfall: Shortfall = Field(
+        "error", description="examples with too few negatives: error, repeat, random"
+    )
+
+
+class LossSection(Section):
+    """InfoNCE over in-batch and hard negatives."""
+
+    temperature: float = Field(0.05, gt=0)
+    cross_device_negatives: bool = Field(True, description="gather passages from every process")
+
+
+class OptimSection(Section):
+    """AdamW with linear warm-up and decay."""
+
+    learning_rate: float = Field(2e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.1, ge=0, le=1)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, gt=0, description="stop after this many steps (overrides epochs)")
+    batch_size: int = Field(32, ge=1, description="queries per step across all processes")
+    grad_accumulation: int = Field(1, ge=1)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    precision: Literal["float32", "bf16", "fp16"] = "float32"
+
+
+class GradCacheSection(Section):
+    """Gradient caching: encode the batch in chunks, replaying dropout, for the memory of one chunk."""
+
+    enabled: bool = False
+    chunk_size: int = Field(32, ge=1, description="texts (queries or passages) through the model at once")
+
+
+class EvalSection(Section):
+    """Evaluation on a held-out split during training; the best checkpoint is kept."""
+
+    split: str | None = Field(None, description="qrels split to evaluate on; none: no evaluation")
+    every: int | None = Field(None, gt=0, description="steps between evaluations (default: each epoch)")
+    metric: str = "nDCG@10"
+    batch_size: int = Field(64, ge=1)
+
+
+class CheckpointSection(Section):
+    """How often to save and how many checkpoints to keep."""
+
+    every: int = Field(500, gt=0)
+    keep: int = Field(2, ge=1)
+
+
+class TrainConfig(Section):
+    """A contrastive fine-tuning run."""
+
+    model: ModelSection = ModelSection()
+    data: DataSection
+    loss: LossSection = LossSection()
+    optim: OptimSection = OptimSection()
+    grad_cache: GradCacheSection = GradCacheSection()
+    eval: EvalSection = EvalSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    seed: int = 42
+    device: str = "auto"
+    log_every: int = Field(10, gt=0)
+
+    @model_validator(mode="after")
+    def _chunks_fit(self) -> TrainConfig:
+        if self.grad_cache.enabled and self.grad_cache.chunk_size > self.optim.batch_size:
+            raise ValueError("grad_cache.chunk_size is larger than optim.batch_size")
+        return self

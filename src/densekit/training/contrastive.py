@@ -1,0 +1,162 @@
+"""Contrastive fine-tuning (DPR / Tevatron style): InfoNCE over in-batch and hard negatives.
+
+A step's global batch holds B queries, each with a group of n passages (its positive first, then
+n-1 hard negatives). Every query is scored against all B·n passages, gathered from every process, so
+the other queries' passages serve as in-batch negatives; the loss is cross-entropy with the query's
+own positive as the target, scores divided by the temperature.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from densekit.encoding.device import autocast
+from densekit.models.encoder import DenseEncoder
+from densekit.training import distributed
+from densekit.training.config import TrainConfig
+from densekit.training.examples import TrainingExample
+from densekit.training.grad_cache import cached_backward, split_inputs
+from densekit.training.groups import GroupSampler
+
+log = logging.getLogger("densekit")
+
+
+@dataclass
+class ContrastiveBatch:
+    """This process's share of a step: queries, and their passage groups laid out query by query."""
+
+    queries: dict[str, torch.Tensor]
+    passages: dict[str, torch.Tensor]
+    group_size: int
+
+    @property
+    def size(self) -> int:
+        """Queries in the batch."""
+        return int(self.queries["input_ids"].shape[0])
+
+
+def contrastive_loss(
+    queries: torch.Tensor, passages: torch.Tensor, group_size: int, temperature: float, cross_device: bool
+) -> torch.Tensor:
+    """InfoNCE of each query against every passage (gathered across processes when `cross_device`).
+
+    Query i's positive is passage i·group_size. Under several processes the loss is multiplied by
+    their number, because gradients are averaged over processes afterwards.
+    """
+    if cross_device:
+        queries, passages = distributed.gather_with_grad(queries), distributed.gather_with_grad(passages)
+    if queries.dtype in (torch.float16, torch.bfloat16):
+        queries, passages = queries.float(), passages.float()
+    scores = queries @ passages.T / temperature
+    targets = torch.arange(scores.shape[0], device=scores.device) * group_size
+    loss = F.cross_entropy(scores, targets)
+    return loss * distributed.world_size() if cross_device else loss
+
+
+def global_batch_rows(example_count: int, batch_size: int, epoch: int, step: int, seed: int) -> np.ndarray:
+    """Example indices of global batch `step` in `epoch`: a seeded shuffle per epoch, cut in order."""
+    order = np.random.default_rng([seed, epoch]).permutation(example_count)
+    return order[step * batch_size : (step + 1) * batch_size]
+
+
+class ContrastiveTask:
+    """What the trainer needs for contrastive fine-tuning: batches, forward and backward, export."""
+
+    def __init__(
+        self,
+        encoder: DenseEncoder,
+        examples: list[TrainingExample],
+        texts: dict[str, str],
+        config: TrainConfig,
+    ):
+        self.encoder = encoder
+        self.module = encoder
+        self.examples = examples
+        self.texts = texts
+        self.config = config
+        world = distributed.world_size()
+        batch = config.optim.batch_size
+        if batch % world:
+            raise ValueError(f"optim.batch_size {batch} is not divisible by the {world} processes")
+        if len(examples) < batch:
+            raise ValueError(f"{len(examples)} training examples are fewer than one batch of {batch}")
+        self.local_batch = batch // world
+        self.sampler = GroupSampler(
+            examples, config.data.group_size, config.seed, config.data.shortfall, list(texts)
+        )
+        left_over = len(examples) % batch
+        if left_over:
+            log.info(
+                "each epoch trains on %d of %d examples in %d full batches; the %d left over change with "
+                "each epoch's shuffle",
+                len(examples) - left_over, len(examples), len(examples) // batch, left_over,
+            )  # fmt: skip
+
+    def steps_per_epoch(self) -> int:
+        """Global batches per epoch."""
+        return len(self.examples) // self.config.optim.batch_size
+
+    def batch(self, epoch: int, step: int) -> ContrastiveBatch:
+        """This process's part of global batch `step` of `epoch`."""
+        rows = global_batch_rows(
+            len(self.examples), self.config.optim.batch_size, epoch, step, self.config.seed
+        )
+        start = distributed.rank() * self.local_batch
+        query_texts, passage_texts = [], []
+        for index in rows[start : start + self.local_batch]:
+            example = self.examples[int(index)]
+            positive, negatives = self.sampler.group(int(index), epoch)
+            query_texts.append(example.query)
+            passage_texts.extend(self.texts[doc_id] for doc_id in [positive, *negatives])
+        return ContrastiveBatch(
+            self.encoder.pad(self.encoder.tokenize(query_texts, "query")),
+            self.encoder.pad(self.encoder.tokenize(passage_texts, "passage")),
+            self.config.data.group_size,
+        )
+
+    def _encode(self, kind: str):
+        device = self.encoder.device
+        precision = self.config.optim.precision
+
+        def encode(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+            with autocast(device, precision):
+                return self.encoder(
+                    inputs["input_ids"].to(device), inputs["attention_mask"].to(device), kind=kind
+                )
+
+        return encode
+
+    def _loss(self, queries: torch.Tensor, passages: torch.Tensor, scale: float) -> torch.Tensor:
+        loss = self.config.loss
+        return scale * contrastive_loss(
+            queries, passages, self.config.data.group_size, loss.temperature, loss.cross_device_negatives
+        )
+
+    def forward_backward(self, batch: ContrastiveBatch, scale: float = 1.0) -> dict[str, float]:
+        """Compute the loss of `batch` times `scale` and back-propagate it; returns the unscaled loss."""
+        encode_queries, encode_passages = self._encode("query"), self._encode("passage")
+        cache = self.config.grad_cache
+        if cache.enabled:
+            loss = cached_backward(
+                [
+                    (encode_queries, split_inputs(batch.queries, cache.chunk_size)),
+                    (encode_passages, split_inputs(batch.passages, cache.chunk_size)),
+                ],
+                lambda q, p: self._loss(q, p, scale),
+                self.encoder.device,
+            )
+        else:
+            loss = self._loss(encode_queries(batch.queries), encode_passages(batch.passages), scale)
+            loss.backward()
+        world = distributed.world_size() if self.config.loss.cross_device_negatives else 1
+        return {"loss": float(loss.detach()) / scale / world}
+
+    def export(self, path: Path) -> None:
+        """Save the trained encoder as a model folder."""
+        self.encoder.save(path)

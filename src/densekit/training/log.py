@@ -1,0 +1,82 @@
+"""The training log (one JSON object a line) and the plot of its curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from densekit.io.atomic import atomic_file
+
+LOG_FILE = "train_log.jsonl"
+PLOT_FILE = "training_curves.png"
+
+
+class TrainingLog:
+    """Appends records to `folder/train_log.jsonl`; a resumed run first drops records past its step."""
+
+    def __init__(self, folder: Path, resume_step: int | None = None):
+        self.path = Path(folder) / LOG_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            self.path.unlink(missing_ok=True)
+        elif self.path.exists():
+            kept = [r for r in self.records() if r.get("step", 0) <= resume_step]
+            with atomic_file(self.path) as handle:
+                handle.writelines(json.dumps(r) + "\n" for r in kept)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record."""
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record so far."""
+        if not self.path.exists():
+            return []
+        return [
+            json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
+
+
+def plot_curves(log_path: Path, output: Path, title: str = "training") -> Path | None:
+    """Plot every numeric series of a training log against the step; None when there is nothing yet."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not Path(log_path).is_file():
+        return None
+    records = [
+        json.loads(line) for line in Path(log_path).read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for record in records:
+        step = record.get("step")
+        for key, value in record.items():
+            if key in ("step", "epoch", "elapsed_s") or not isinstance(value, int | float):
+                continue
+            xs, ys = series.setdefault(key, ([], []))
+            xs.append(step)
+            ys.append(value)
+    if not series:
+        return None
+    names = sorted(series, key=lambda name: (not name.startswith("loss"), name))
+    columns = min(3, len(names))
+    rows = (len(names) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+    for axis, name in zip(axes.flat, names, strict=False):
+        xs, ys = series[name]
+        axis.plot(xs, ys, marker="." if len(xs) < 30 else None)
+        axis.set_title(name)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    for axis in list(axes.flat)[len(names) :]:
+        axis.axis("off")
+    figure.suptitle(title)
+    figure.tight_layout()
+    with atomic_file(output, "wb", encoding=None) as handle:
+        figure.savefig(handle, format="png", dpi=100)
+    plt.close(figure)
+    return Path(output)

@@ -1,0 +1,233 @@
+"""The one training loop every method runs through.
+
+A task supplies the batches and the objective; the trainer supplies the rest: AdamW with warm-up and
+linear decay, gradient accumulation and clipping, mixed precision, gradient averaging across
+processes, checkpoints (atomic, resumable exactly), evaluation with the best model kept, a JSONL
+log, a plot of the curves and a progress bar.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from densekit.io.atomic import atomic_dir
+from densekit.progress import progress_bar
+from densekit.training import distributed
+from densekit.training.checkpoint import checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint
+from densekit.training.config import CheckpointSection, OptimSection
+from densekit.training.log import PLOT_FILE, TrainingLog, plot_curves
+
+log = logging.getLogger("densekit")
+
+CHECKPOINTS = "checkpoints"
+FINAL_MODEL = "model"
+BEST_MODEL = "best"
+
+
+class TrainingTask(Protocol):
+    """What a method gives the trainer."""
+
+    module: torch.nn.Module
+
+    def steps_per_epoch(self) -> int:
+        """Global batches in one epoch."""
+
+    def batch(self, epoch: int, step: int) -> Any:
+        """This process's part of global batch `step` of `epoch`; the same every time it is asked."""
+
+    def forward_backward(self, batch: Any, scale: float) -> dict[str, float]:
+        """Back-propagate `scale` times the batch's loss; return the unscaled loss and other figures."""
+
+    def export(self, path: Path) -> None:
+        """Save the usable model (without training-only heads) to `path`."""
+
+
+@dataclass
+class EvaluationHook:
+    """Runs on the main process every `every` steps (None: each epoch); `metric` picks the best."""
+
+    evaluate: Callable[[], dict[str, float]]
+    metric: str
+    every: int | None = None
+
+
+def _parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay, no_decay = [], []
+    for name, parameter in module.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        (no_decay if parameter.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(
+            parameter
+        )
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def linear_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+    """Learning-rate factor: linear warm-up from 0, then linear decay to 0 at `total_steps`."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor
+
+
+class Trainer:
+    """Trains `task` under `optim`, writing checkpoints, logs and models under `output`."""
+
+    def __init__(
+        self,
+        task: TrainingTask,
+        optim: OptimSection,
+        checkpoint: CheckpointSection,
+        output: Path,
+        config_yaml: str,
+        log_every: int = 10,
+        evaluation: EvaluationHook | None = None,
+        show_progress: bool = True,
+    ):
+        self.task = task
+        self.optim = optim
+        self.checkpoint = checkpoint
+        self.output = Path(output)
+        self.config_yaml = config_yaml
+        self.log_every = log_every
+        self.evaluation = evaluation
+        self.show_progress = show_progress and distributed.is_main()
+        self.device = next(task.module.parameters()).device
+        self.parameters = [p for p in task.module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            _parameter_groups(task.module, optim.weight_decay), lr=optim.learning_rate
+        )
+        self.micro_per_epoch = task.steps_per_epoch()
+        steps_per_epoch = max(1, self.micro_per_epoch // optim.grad_accumulation)
+        self.total_steps = optim.max_steps or max(1, math.ceil(optim.epochs * steps_per_epoch))
+        self.steps_per_epoch = steps_per_epoch
+        warmup = round(optim.warmup_ratio * self.total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, linear_schedule(self.total_steps, warmup)
+        )
+        self.scaler = torch.amp.GradScaler("cuda") if optim.precision == "fp16" else None
+        self.state: dict[str, Any] = {"step": 0, "elapsed_s": 0.0, "best": None, "best_step": None}
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """Where checkpoints go."""
+        return self.output / CHECKPOINTS
+
+    def resume(self) -> bool:
+        """Continue from the newest checkpoint under the output folder, if there is one."""
+        found = checkpoints(self.checkpoint_root)
+        if not found:
+            return False
+        self.state = load_checkpoint(found[-1], self.task.module, self.optimizer, self.scheduler, self.device)
+        log.info("resuming from %s (step %d of %d)", found[-1], self.state["step"], self.total_steps)
+        return True
+
+    def _position(self, micro_step: int) -> tuple[int, int]:
+        return divmod(micro_step, self.micro_per_epoch)
+
+    def _one_step(self) -> dict[str, float]:
+        accumulation = self.optim.grad_accumulation
+        self.optimizer.zero_grad(set_to_none=True)
+        figures: dict[str, float] = {}
+        loss_scale = self.scaler.get_scale() if self.scaler is not None else 1.0
+        for micro in range(accumulation):
+            epoch, index = self._position(self.state["step"] * accumulation + micro)
+            result = self.task.forward_backward(self.task.batch(epoch, index), loss_scale / accumulation)
+            for key, value in result.items():
+                figures[key] = figures.get(key, 0.0) + value / accumulation
+        distributed.average_gradients(self.parameters)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        limit = self.optim.max_grad_norm or float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, limit))
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        figures = {key: distributed.all_reduce_mean(value) for key, value in figures.items()}
+        return {**figures, "grad_norm": grad_norm}
+
+    def train(self, resume: bool = False) -> dict[str, Any]:
+        """Run to the last step and export the final model; returns the trainer state."""
+        resumed = self.resume() if resume else False
+        training_log = (
+            TrainingLog(self.output, self.state["step"] if resumed else None)
+            if distributed.is_main()
+            else None
+        )
+        started = time.perf_counter() - self.state["elapsed_s"]
+        window_start, window_steps = time.perf_counter(), 0
+        self.task.module.train()
+        with progress_bar(
+            "training", self.total_steps, self.show_progress, completed=self.state["step"]
+        ) as advance:
+            while self.state["step"] < self.total_steps:
+                figures = self._one_step()
+                self.state["step"] += 1
+                self.state["elapsed_s"] = time.perf_counter() - started
+                window_steps += 1
+                step = self.state["step"]
+                if training_log is not None and (step % self.log_every == 0 or step == self.total_steps):
+                    seconds = time.perf_counter() - window_start
+                    examples = window_steps * self.optim.batch_size * self.optim.grad_accumulation
+                    training_log.write(
+                        {"step": step, "epoch": round(step / self.steps_per_epoch, 4), **figures,
+                         "lr": self.scheduler.get_last_lr()[0], "examples_per_s": examples / seconds,
+                         "elapsed_s": round(self.state["elapsed_s"], 2)}
+                    )  # fmt: skip
+                    window_start, window_steps = time.perf_counter(), 0
+                if self._evaluation_due(step):
+                    self._evaluate(step, training_log)
+                if step % self.checkpoint.every == 0 or step == self.total_steps:
+                    self._save_checkpoint()
+                advance(1)
+        if distributed.is_main():
+            with atomic_dir(self.output / FINAL_MODEL) as tmp:
+                self.task.export(tmp)
+            plot_curves(training_log.path, self.output / PLOT_FILE, title=str(self.output))
+        distributed.barrier()
+        return self.state
+
+    def _evaluation_due(self, step: int) -> bool:
+        if self.evaluation is None:
+            return False
+        every = self.evaluation.every or self.steps_per_epoch
+        return step % every == 0 or step == self.total_steps
+
+    def _evaluate(self, step: int, training_log: TrainingLog | None) -> None:
+        if distributed.is_main():
+            self.task.module.eval()
+            scores = self.evaluation.evaluate()
+            self.task.module.train()
+            value = scores[self.evaluation.metric]
+            log.info("step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+            training_log.write({"step": step, **{f"eval/{k}": v for k, v in scores.items()}})
+            if self.state["best"] is None or value > self.state["best"]:
+                self.state["best"], self.state["best_step"] = value, step
+                with atomic_dir(self.output / BEST_MODEL) as tmp:
+                    self.task.export(tmp)
+        distributed.barrier()
+
+    def _save_checkpoint(self) -> None:
+        if distributed.is_main():
+            folder = self.checkpoint_root / f"step-{self.state['step']:08d}"
+            save_checkpoint(
+                folder, self.task.module, self.optimizer, self.scheduler, self.state,
+                self.config_yaml, self.task.export, self.device,
+            )  # fmt: skip
+            prune_checkpoints(self.checkpoint_root, self.checkpoint.keep)
+            plot_curves(self.output / "train_log.jsonl", self.output / PLOT_FILE, title=str(self.output))
+        distributed.barrier()
