@@ -29,12 +29,9 @@ def configure(
 ) -> None:
     """Set up logging for every sub-command."""
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
-    logging.basicConfig(
-        level=level,
-        format="%(message)s",
-        handlers=[RichHandler(console=stderr_console, show_path=False, show_time=False)],
-        force=True,
-    )
+    handler = RichHandler(console=stderr_console, show_path=False, show_time=False)
+    handler.setLevel(level)  # also for libraries that set their own loggers' levels when imported
+    logging.basicConfig(level=level, format="%(message)s", handlers=[handler], force=True)
     transformers_logging.disable_progress_bar()
     for noisy in ("transformers", "httpx", "urllib3", "huggingface_hub", "faiss", "bm25s"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

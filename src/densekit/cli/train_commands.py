@@ -1,4 +1,4 @@
-"""`densekit train` and `densekit mine`."""
+"""`densekit train`, `densekit mine` and `densekit pretrain`."""
 
 from __future__ import annotations
 
@@ -116,7 +116,30 @@ def mine(
     Console(stderr=True).print_json(data=report)
 
 
+def pretrain(
+    config: Annotated[Path, typer.Argument(help="A YAML pre-training config (see docs/pretraining.md).")],
+    out: Annotated[Path, typer.Option("--out", help="Where checkpoints, logs and the encoder go.")],
+    overrides: OverridesArg = None,
+    method: Annotated[
+        str | None, typer.Option(help="condenser, cocondenser, retromae or mlm (overrides the config's).")
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --out.")] = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Pre-train an encoder for retrieval (Condenser, coCondenser, RetroMAE; MLM as a baseline).
+
+    The encoder without its pre-training heads is saved to OUT/model, ready for `densekit train`.
+    """
+    from densekit.configuration import load_config
+    from densekit.pretraining.config import PretrainConfig
+    from densekit.pretraining.run import run_pretraining
+
+    extra = list(overrides or []) + ([f"method={method}"] if method else [])
+    run_pretraining(load_config(config, PretrainConfig, extra), out, resume=resume, show_progress=progress)
+
+
 def register(app: typer.Typer) -> None:
     """Add these sub-commands to `app`."""
     app.command("train")(train)
     app.command("mine")(mine)
+    app.command("pretrain")(pretrain)

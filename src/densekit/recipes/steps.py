@@ -76,6 +76,24 @@ class TrainStep(Step):
         run_training(config, Path(self.output), resume=True, show_progress=show_progress)
 
 
+class PretrainStep(Step):
+    """`densekit pretrain`; a killed step resumes from its newest checkpoint."""
+
+    type: Literal["pretrain"]
+    output: str
+    config: dict[str, Any]
+
+    def run(self, device: str, show_progress: bool) -> None:
+        """Pre-train to the end (resuming if the step was started before)."""
+        from densekit.pretraining.config import PretrainConfig
+        from densekit.pretraining.run import run_pretraining
+
+        config = validate_config(
+            {"device": device, **self.config}, PretrainConfig, f"pretrain step -> {self.output}"
+        )
+        run_pretraining(config, Path(self.output), resume=True, show_progress=show_progress)
+
+
 class EncodeStep(Step):
     """`densekit encode`; resumes by itself."""
 
@@ -173,7 +191,7 @@ class EvaluateStep(Step):
 
 
 STEP_TYPES: dict[str, type[Step]] = {
-    "mine": MineStep, "train": TrainStep, "encode": EncodeStep, "index": IndexStep,
+    "mine": MineStep, "pretrain": PretrainStep, "train": TrainStep, "encode": EncodeStep, "index": IndexStep,
     "search": SearchStep, "bm25": BM25Step, "evaluate": EvaluateStep,
 }  # fmt: skip
 

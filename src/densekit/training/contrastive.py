@@ -12,7 +12,6 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -23,6 +22,7 @@ from densekit.training.config import TrainConfig
 from densekit.training.examples import TrainingExample
 from densekit.training.grad_cache import cached_backward, split_inputs
 from densekit.training.groups import GroupSampler
+from densekit.training.sampling import local_batch_rows
 
 log = logging.getLogger("densekit")
 
@@ -59,12 +59,6 @@ def contrastive_loss(
     return loss * distributed.world_size() if cross_device else loss
 
 
-def global_batch_rows(example_count: int, batch_size: int, epoch: int, step: int, seed: int) -> np.ndarray:
-    """Example indices of global batch `step` in `epoch`: a seeded shuffle per epoch, cut in order."""
-    order = np.random.default_rng([seed, epoch]).permutation(example_count)
-    return order[step * batch_size : (step + 1) * batch_size]
-
-
 class ContrastiveTask:
     """What the trainer needs for contrastive fine-tuning: batches, forward and backward, export."""
 
@@ -80,13 +74,9 @@ class ContrastiveTask:
         self.examples = examples
         self.texts = texts
         self.config = config
-        world = distributed.world_size()
         batch = config.optim.batch_size
-        if batch % world:
-            raise ValueError(f"optim.batch_size {batch} is not divisible by the {world} processes")
         if len(examples) < batch:
             raise ValueError(f"{len(examples)} training examples are fewer than one batch of {batch}")
-        self.local_batch = batch // world
         self.sampler = GroupSampler(
             examples, config.data.group_size, config.seed, config.data.shortfall, list(texts)
         )
@@ -104,12 +94,11 @@ class ContrastiveTask:
 
     def batch(self, epoch: int, step: int) -> ContrastiveBatch:
         """This process's part of global batch `step` of `epoch`."""
-        rows = global_batch_rows(
+        rows = local_batch_rows(
             len(self.examples), self.config.optim.batch_size, epoch, step, self.config.seed
         )
-        start = distributed.rank() * self.local_batch
         query_texts, passage_texts = [], []
-        for index in rows[start : start + self.local_batch]:
+        for index in rows:
             example = self.examples[int(index)]
             positive, negatives = self.sampler.group(int(index), epoch)
             query_texts.append(example.query)
@@ -124,11 +113,14 @@ class ContrastiveTask:
         device = self.encoder.device
         precision = self.config.optim.precision
 
-        def encode(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        def encode(
+            inputs: dict[str, torch.Tensor], with_chunk_loss: bool = False
+        ) -> tuple[torch.Tensor, None]:
             with autocast(device, precision):
-                return self.encoder(
+                vectors = self.encoder(
                     inputs["input_ids"].to(device), inputs["attention_mask"].to(device), kind=kind
                 )
+            return vectors, None
 
         return encode
 
@@ -143,7 +135,7 @@ class ContrastiveTask:
         encode_queries, encode_passages = self._encode("query"), self._encode("passage")
         cache = self.config.grad_cache
         if cache.enabled:
-            loss = cached_backward(
+            loss, _ = cached_backward(
                 [
                     (encode_queries, split_inputs(batch.queries, cache.chunk_size)),
                     (encode_passages, split_inputs(batch.passages, cache.chunk_size)),
@@ -152,7 +144,7 @@ class ContrastiveTask:
                 self.encoder.device,
             )
         else:
-            loss = self._loss(encode_queries(batch.queries), encode_passages(batch.passages), scale)
+            loss = self._loss(encode_queries(batch.queries)[0], encode_passages(batch.passages)[0], scale)
             loss.backward()
         world = distributed.world_size() if self.config.loss.cross_device_negatives else 1
         return {"loss": float(loss.detach()) / scale / world}

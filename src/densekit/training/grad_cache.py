@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -41,19 +41,24 @@ class RandomState:
             yield
 
 
-Encode = Callable[[Any], torch.Tensor]
+class Encode(Protocol):
+    """Encodes one chunk; with `with_chunk_loss`, also returns a loss of that chunk alone (or None)."""
+
+    def __call__(self, chunk: Any, with_chunk_loss: bool) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
 def cached_backward(
     inputs: Sequence[tuple[Encode, Sequence[Any]]],
     loss_fn: Callable[..., torch.Tensor],
     device: torch.device,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Back-propagate `loss_fn(*representations)` through every `(encode, chunks)` input, chunk by chunk.
 
     Each input's representations are its chunks' encodings concatenated; `loss_fn` gets one tensor
-    per input. Returns the loss, detached. Gradients accumulate into the parameters as with
-    `loss.backward()` on the whole batch.
+    per input. Losses that need no other chunk (an MLM loss) are returned by `encode` on the second
+    pass and back-propagated with it, scaled by the caller so that they sum to the batch's. Returns
+    the cached loss and the sum of chunk losses, detached. Gradients accumulate into the parameters
+    as with `loss.backward()` on the whole batch.
     """
     states: list[list[RandomState]] = []
     detached: list[torch.Tensor] = []
@@ -63,20 +68,25 @@ def cached_backward(
         for chunk in chunks:
             chunk_states.append(RandomState.capture(device))
             with torch.no_grad():
-                outputs.append(encode(chunk))
+                outputs.append(encode(chunk, with_chunk_loss=False)[0])
         states.append(chunk_states)
         detached.append(torch.cat(outputs).detach().requires_grad_())
     loss = loss_fn(*detached)
     loss.backward()
+    chunk_total = torch.zeros((), device=device)
     for (encode, chunks), chunk_states, reps in zip(inputs, states, detached, strict=True):
         offset = 0
         for chunk, state in zip(chunks, chunk_states, strict=True):
             with state.replay():
-                output = encode(chunk)
+                output, chunk_loss = encode(chunk, with_chunk_loss=True)
             grad = reps.grad[offset : offset + len(output)]
             offset += len(output)
-            output.backward(grad)
-    return loss.detach()
+            surrogate = (output * grad).sum()
+            if chunk_loss is not None:
+                surrogate = surrogate + chunk_loss
+                chunk_total += chunk_loss.detach()
+            surrogate.backward()
+    return loss.detach(), chunk_total
 
 
 def split_inputs(inputs: dict[str, torch.Tensor], chunk_size: int) -> list[dict[str, torch.Tensor]]:

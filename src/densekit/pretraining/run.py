@@ -1,0 +1,46 @@
+"""`densekit pretrain`: one of the pre-training methods on a raw corpus, through the shared trainer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from densekit.configuration import dump_config
+from densekit.io.atomic import write_text_atomic
+from densekit.pretraining.backbone import MaskedLanguageModel
+from densekit.pretraining.config import PretrainConfig
+from densekit.pretraining.corpus import read_texts, tokenize_corpus
+from densekit.pretraining.tasks import PretrainTask
+from densekit.training import distributed
+from densekit.training.run import training_device
+from densekit.training.trainer import Trainer
+
+
+def run_pretraining(
+    config: PretrainConfig, output: Path, resume: bool = False, show_progress: bool = True
+) -> dict[str, Any]:
+    """Pre-train as `config` says; the encoder without heads is saved to `output/model`."""
+    device = training_device(config.device)
+    distributed.init_from_environment(device)
+    torch.manual_seed(config.seed)
+    output = Path(output)
+    config_yaml = dump_config(config)
+    if distributed.is_main():
+        output.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(output / "config.yaml", config_yaml)
+    mlm = MaskedLanguageModel.load(config.model.path, config.model.trust_remote_code)
+    whole_documents = config.method == "cocondenser"
+    corpus = tokenize_corpus(
+        read_texts(Path(config.data.path)),
+        mlm.tokenizer,
+        None if whole_documents else config.model.max_length - 2,
+        show_progress and distributed.is_main(),
+    )
+    task = PretrainTask(mlm, corpus, config)
+    task.module.to(device)
+    trainer = Trainer(
+        task, config.optim, config.checkpoint, output, config_yaml, config.log_every, None, show_progress
+    )
+    return trainer.train(resume=resume)
