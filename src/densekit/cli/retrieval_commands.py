@@ -62,7 +62,13 @@ def encode(
     batch_size: BatchOpt = 64,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "float32",
-    chunk_size: Annotated[int, typer.Option(min=1, help="Documents between resumable save points.")] = 4096,
+    chunk_size: Annotated[int, typer.Option(min=1, help="Rows between resumable save points.")] = 4096,
+    maxp: Annotated[
+        bool, typer.Option(help="Split long documents into passages and index each (MaxP); default FirstP.")
+    ] = False,
+    maxp_stride: Annotated[
+        int | None, typer.Option(min=1, help="MaxP: tokens between passage starts.")
+    ] = None,
     pooling: PoolingOpt = None,
     normalize: NormalizeOpt = None,
     query_max_length: QueryLengthOpt = None,
@@ -72,10 +78,17 @@ def encode(
     trust_remote_code: RemoteCodeOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
-    """Encode the corpus (or one shard) into float32 embeddings beside their ids; resumes if killed."""
+    """Encode the corpus (or one shard) into float32 embeddings beside their ids; resumes if killed.
+
+    Long documents are truncated to the passage length (FirstP) unless --maxp cuts them into passages,
+    each indexed on its own; `search` then scores a document by its best passage.
+    """
     from densekit.encoding.corpus import Shard, encode_corpus
+    from densekit.encoding.passages import MaxPSettings
 
     part = Shard.parse(shard)
+    if maxp_stride is not None and not maxp:
+        raise ValueError("--maxp-stride needs --maxp")
     encoder = load_encoder(
         model, device, pooling, normalize, query_max_length, passage_max_length,
         query_prefix, passage_prefix, trust_remote_code,
@@ -89,6 +102,7 @@ def encode(
         precision,
         chunk_size,
         progress,  # type: ignore[arg-type]
+        MaxPSettings(stride=maxp_stride) if maxp else None,
     )
     log.info("wrote %s", meta)
 

@@ -1,4 +1,4 @@
-"""`densekit train`, `densekit mine` and `densekit pretrain`."""
+"""`densekit train`, `mine`, `pretrain` and `ance-infer`."""
 
 from __future__ import annotations
 
@@ -138,8 +138,28 @@ def pretrain(
     run_pretraining(load_config(config, PretrainConfig, extra), out, resume=resume, show_progress=progress)
 
 
+def ance_infer(
+    out: Annotated[
+        Path, typer.Argument(help="The output folder of an ANCE training run (shared with the trainer).")
+    ],
+    threads: Annotated[int | None, typer.Option(help="torch threads for encoding.")] = None,
+    once: Annotated[bool, typer.Option(help="Publish one version, then exit.")] = False,
+    watch_parent: Annotated[bool, typer.Option(help="Stop when the starting process is gone.")] = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Run an ANCE inferencer: re-encode the corpus with each new checkpoint and publish fresh negatives.
+
+    A trainer with `ance.inferencer: local` starts one itself; with `external`, start them here, on
+    this or other machines that share OUT. Stops when the trainer ends.
+    """
+    from densekit.ance.inferencer import run_inferencer
+
+    run_inferencer(out, threads, progress, once, watch_parent)
+
+
 def register(app: typer.Typer) -> None:
     """Add these sub-commands to `app`."""
     app.command("train")(train)
     app.command("mine")(mine)
     app.command("pretrain")(pretrain)
+    app.command("ance-infer")(ance_infer)

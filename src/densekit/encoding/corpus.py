@@ -6,14 +6,17 @@ import itertools
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from densekit.data.dataset import Dataset
+from densekit.data.records import Document
 from densekit.encoding.device import Precision
 from densekit.encoding.embed import embed_texts
+from densekit.encoding.passages import MaxPSettings, PassageSplitter
 from densekit.encoding.store import part_stem
 from densekit.io.atomic import atomic_file, write_text_atomic
 from densekit.models.encoder import DenseEncoder
@@ -60,12 +63,15 @@ def encode_corpus(
     precision: Precision = "float32",
     chunk_size: int = 4096,
     show_progress: bool = True,
+    maxp: MaxPSettings | None = None,
 ) -> Path:
     """Encode `shard` of the corpus into `output` and return the part's metadata file.
 
-    Rows go straight into a memory-mapped `.npy` as each chunk of `chunk_size` documents is done, and
+    Rows go straight into a memory-mapped `.npy` as each chunk of `chunk_size` rows is done, and
     the count of finished rows is saved after each chunk: a killed run started again with the same
     arguments continues from the last finished chunk. A part already complete is left as it is.
+    With `maxp`, each document of the shard is cut into passages and each passage is a row (a first
+    pass over the shard counts them, so the corpus is still streamed).
     """
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
@@ -77,7 +83,13 @@ def encode_corpus(
 
     total = dataset.count_documents()
     start, end = shard.bounds(total)
-    rows = end - start
+    splitter = PassageSplitter(encoder, maxp) if maxp is not None else None
+
+    def units() -> Iterator[Document]:
+        documents = itertools.islice(dataset.iter_corpus(), start, end)
+        return splitter.split_all(documents) if splitter is not None else documents
+
+    rows = sum(1 for _ in units()) if splitter is not None else end - start
     identity = {
         "model": encoder.source,
         "encoder_config": encoder.config.model_dump(),
@@ -87,11 +99,15 @@ def encode_corpus(
         "rows": rows,
         "first_row": start,
         "corpus_rows": total,
+        "maxp": maxp.model_dump() if maxp is not None else None,
     }
     partial = stem.with_name(stem.name + ".partial.npy")
     progress_file = stem.with_name(stem.name + ".progress.json")
     done = _resume_point(progress_file, partial, identity)
-    if done == 0:
+    if rows == 0:  # a memory map cannot be empty
+        np.save(partial, np.empty((0, encoder.dimension), dtype=np.float32))
+        matrix = np.empty((0, encoder.dimension), dtype=np.float32)
+    elif done == 0:
         partial.unlink(missing_ok=True)
         matrix = np.lib.format.open_memmap(
             partial, mode="w+", dtype=np.float32, shape=(rows, encoder.dimension)
@@ -100,7 +116,7 @@ def encode_corpus(
         log.info("resuming %s at row %d of %d", stem.name, done, rows)
         matrix = np.lib.format.open_memmap(partial, mode="r+")
 
-    documents = itertools.islice(dataset.iter_corpus(), start, end)
+    documents = units()
     ids: list[str] = []
     with progress_bar(f"encoding {stem.name}", rows, show_progress, completed=done) as advance:
         for chunk_start in range(0, rows, chunk_size):
@@ -115,7 +131,7 @@ def encode_corpus(
             matrix.flush()  # rows on disk before the progress file says they are
             write_text_atomic(progress_file, json.dumps({**identity, "done": chunk_start + len(chunk)}))
     if len(ids) != rows:
-        raise RuntimeError(f"{dataset.corpus_path} gave {len(ids)} documents for rows {start}-{end}")
+        raise RuntimeError(f"{dataset.corpus_path} changed while it was encoded: {len(ids)} rows, not {rows}")
     del matrix
     with atomic_file(stem.with_suffix(".ids")) as handle:
         handle.write("\n".join(ids) + "\n")

@@ -16,11 +16,12 @@ import faiss
 import numpy as np
 
 from densekit.data.diagnostics import DataError, Problem
+from densekit.encoding.passages import MaxPSettings, best_passage_run
 from densekit.encoding.store import EmbeddingStore
 from densekit.index.spec import IndexSpec
 from densekit.io.atomic import atomic_dir
 from densekit.progress import progress_bar
-from densekit.retrieval.hits import Hits
+from densekit.retrieval.hits import Hits, RankedRun
 
 log = logging.getLogger("densekit")
 
@@ -46,7 +47,13 @@ def build_index(
                 batch = np.ascontiguousarray(vectors[start : start + _ADD_BATCH], dtype=np.float32)
                 index.add(batch)
                 advance(len(batch))
-    meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "embeddings": store.meta}
+    meta = {
+        "spec": spec.model_dump(),
+        "rows": rows,
+        "dimension": dimension,
+        "maxp": store.meta.get("maxp"),
+        "embeddings": store.meta,
+    }
     with atomic_dir(output) as tmp:
         faiss.write_index(index, str(tmp / INDEX_FILE))
         (tmp / IDS_FILE).write_text("\n".join(store.ids()) + "\n", encoding="utf-8")
@@ -92,13 +99,25 @@ class SearchIndex:
         self.set_search_parameters()
 
     @classmethod
-    def from_vectors(cls, vectors: np.ndarray, ids: list[str], spec: IndexSpec = IndexSpec()) -> SearchIndex:
-        """An index held in memory only (for evaluation and mining inside a run)."""
+    def from_vectors(
+        cls,
+        vectors: np.ndarray,
+        ids: list[str],
+        spec: IndexSpec = IndexSpec(),
+        maxp: MaxPSettings | None = None,
+    ) -> SearchIndex:
+        """An index held in memory only (for evaluation and mining inside a run); rows are passages
+        of documents when `maxp` says how they were cut."""
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         spec = spec.resolved(len(vectors), vectors.shape[1])
         index = _empty_index(spec, vectors.shape[1], lambda: vectors[:_MAX_TRAINING_POINTS])
         index.add(vectors)
-        meta = {"spec": spec.model_dump(), "rows": len(vectors), "dimension": vectors.shape[1]}
+        meta = {
+            "spec": spec.model_dump(),
+            "rows": len(vectors),
+            "dimension": vectors.shape[1],
+            "maxp": maxp.model_dump() if maxp else None,
+        }
         return cls(index, ids, meta, Path("<memory>"))
 
     @classmethod
@@ -139,6 +158,22 @@ class SearchIndex:
             )
         scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
         return Hits(scores, labels, self.ids)
+
+    def search_run(
+        self, queries: np.ndarray, query_ids: list[str], k: int, skip_self: bool = True
+    ) -> RankedRun:
+        """The top `k` documents per query as a run. For a MaxP index (rows are passages) a document
+        scores its best passage; with `skip_self`, a document whose id is the query's is left out."""
+        maxp = self.meta.get("maxp")
+        if not maxp:
+            return self.search(queries, k + 1 if skip_self else k).to_run(query_ids, k, skip_self)
+        depth = min(int(self.index.ntotal), (k + 1) * MaxPSettings(**maxp).depth_factor)
+        passages = self.search(queries, depth).to_run(query_ids, depth, skip_self=False)
+        documents = best_passage_run(passages, k + 1)
+        return {
+            query_id: [(doc, score) for doc, score in ranked if not (skip_self and doc == query_id)][:k]
+            for query_id, ranked in documents.items()
+        }
 
 
 def _to_gpus(index: faiss.Index, index_type: str) -> faiss.Index:

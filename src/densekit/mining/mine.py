@@ -60,7 +60,7 @@ def dense_candidates(
         query_vectors = embed_texts(
             encoder, [e.query for e in examples], "query", batch_size, advance=advance
         )
-    ranked = index.search(query_vectors, depth + 1).to_run(query_ids, depth)
+    ranked = index.search_run(query_vectors, query_ids, depth)
     positives = sorted({p for e in examples for p in e.positives})
     positive_vectors = embed_texts(encoder, [texts[p] for p in positives], "passage", batch_size)
     row = {doc_id: i for i, doc_id in enumerate(positives)}

@@ -51,4 +51,4 @@ def dense_search(
         vectors = embed_texts(
             encoder, [queries[q] for q in query_ids], "query", batch_size, precision, advance
         )
-    return index.search(vectors, k + 1 if skip_self else k).to_run(query_ids, k, skip_self)
+    return index.search_run(vectors, query_ids, k, skip_self)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from densekit.data.records import Document, Qrels
 from densekit.encoding.device import Precision
 from densekit.encoding.embed import embed_texts
+from densekit.encoding.passages import MaxPSettings, PassageSplitter
 from densekit.evaluation import evaluate
 from densekit.index import SearchIndex
 from densekit.models.encoder import DenseEncoder
@@ -24,14 +25,15 @@ def index_corpus(
     batch_size: int = 64,
     precision: Precision = "float32",
     show_progress: bool = True,
+    maxp: MaxPSettings | None = None,
 ) -> SearchIndex:
-    """A flat in-memory index of `documents` encoded by `encoder`."""
-    documents = list(documents)
-    with progress_bar("encoding corpus", len(documents), show_progress) as advance:
+    """A flat in-memory index of `documents` (or, with `maxp`, of their passages) encoded by `encoder`."""
+    units = list(PassageSplitter(encoder, maxp).split_all(documents) if maxp is not None else documents)
+    with progress_bar("encoding corpus", len(units), show_progress) as advance:
         vectors = embed_texts(
-            encoder, [d.full_text for d in documents], "passage", batch_size, precision, advance
+            encoder, [d.full_text for d in units], "passage", batch_size, precision, advance
         )
-    return SearchIndex.from_vectors(vectors, [d.id for d in documents])
+    return SearchIndex.from_vectors(vectors, [d.id for d in units], maxp=maxp)
 
 
 def evaluate_encoder(

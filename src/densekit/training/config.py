@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from densekit.encoding.passages import MaxPSettings
+from densekit.mining.filters import MiningSettings
 from densekit.models.config import Pooling
 from densekit.training.groups import Shortfall
 
@@ -78,6 +80,29 @@ class EvalSection(Section):
     batch_size: int = Field(64, ge=1)
 
 
+class AnceSection(Section):
+    """ANCE: negatives from an index an inferencer refreshes from the trainer's newest checkpoint.
+
+    The trainer's checkpoints (every `checkpoint.every` steps) are what the inferencer reads; the
+    examples of `data.train` are version 0 (BM25 or a given model's mined negatives: the warm start).
+    """
+
+    enabled: bool = False
+    inferencer: Literal["local", "external"] = Field(
+        "local", description="local: the trainer starts and watches one; external: run `densekit ance-infer`"
+    )
+    depth: int = Field(200, gt=0, description="documents retrieved per training query")
+    negatives: MiningSettings = MiningSettings(first_rank=1, last_rank=200, count=16)
+    queries_per_refresh: int | None = Field(None, gt=0, description="refresh a rotating part (default: all)")
+    max_restarts: int = Field(3, ge=0, description="times a dead local inferencer is started again")
+    threads: int | None = Field(None, gt=0, description="torch threads of a local inferencer")
+    poll_seconds: float = Field(2.0, gt=0)
+    batch_size: int = Field(64, gt=0, description="texts per encoding batch in the inferencer")
+    maxp: MaxPSettings | None = Field(
+        None, description="index passages of long documents (MaxP); default FirstP"
+    )
+
+
 class CheckpointSection(Section):
     """How often to save and how many checkpoints to keep."""
 
@@ -95,6 +120,7 @@ class TrainConfig(Section):
     grad_cache: GradCacheSection = GradCacheSection()
     eval: EvalSection = EvalSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    ance: AnceSection = AnceSection()
     seed: int = 42
     device: str = "auto"
     log_every: int = Field(10, gt=0)

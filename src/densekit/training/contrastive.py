@@ -88,6 +88,19 @@ class ContrastiveTask:
                 len(examples) - left_over, len(examples), len(examples) // batch, left_over,
             )  # fmt: skip
 
+    def set_examples(self, examples: list[TrainingExample]) -> None:
+        """Train on new negatives (ANCE) for the same queries, in the same order."""
+        if [e.query_id for e in examples] != [e.query_id for e in self.examples]:
+            raise ValueError("new examples must hold the same queries in the same order")
+        self.examples = examples
+        self.sampler = GroupSampler(
+            examples,
+            self.config.data.group_size,
+            self.config.seed,
+            self.config.data.shortfall,
+            list(self.texts),
+        )
+
     def steps_per_epoch(self) -> int:
         """Global batches per epoch."""
         return len(self.examples) // self.config.optim.batch_size

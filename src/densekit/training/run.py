@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from densekit.ance.hook import AnceHook
 from densekit.configuration import dump_config
 from densekit.data.dataset import Dataset
 from densekit.data.diagnostics import Diagnostics
@@ -80,14 +81,9 @@ def run_training(
             config.eval.metric,
             config.eval.every,
         )
+    hooks = [AnceHook(task, output, config.ance)] if config.ance.enabled else []
     trainer = Trainer(
-        task,
-        config.optim,
-        config.checkpoint,
-        output,
-        config_yaml,
-        config.log_every,
-        evaluation,
-        show_progress,
-    )
+        task, config.optim, config.checkpoint, output, config_yaml, config.log_every, evaluation,
+        show_progress, hooks,
+    )  # fmt: skip
     return trainer.train(resume=resume)

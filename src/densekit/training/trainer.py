@@ -50,6 +50,16 @@ class TrainingTask(Protocol):
         """Save the usable model (without training-only heads) to `path`."""
 
 
+class StepHook(Protocol):
+    """Work done at step boundaries (ANCE's switch to newer negatives); keeps its state in `state`."""
+
+    def before_step(self, step: int, state: dict[str, Any]) -> dict[str, float]:
+        """Called before step `step + 1` starts; returns figures to log with that step."""
+
+    def close(self) -> None:
+        """Release what the hook holds (processes, files) when training ends or fails."""
+
+
 @dataclass
 class EvaluationHook:
     """Runs on the main process every `every` steps (None: each epoch); `metric` picks the best."""
@@ -94,6 +104,7 @@ class Trainer:
         log_every: int = 10,
         evaluation: EvaluationHook | None = None,
         show_progress: bool = True,
+        hooks: list[StepHook] | None = None,
     ):
         self.task = task
         self.optim = optim
@@ -102,6 +113,7 @@ class Trainer:
         self.config_yaml = config_yaml
         self.log_every = log_every
         self.evaluation = evaluation
+        self.hooks = hooks or []
         self.show_progress = show_progress and distributed.is_main()
         self.device = next(task.module.parameters()).device
         self.parameters = [p for p in task.module.parameters() if p.requires_grad]
@@ -171,11 +183,29 @@ class Trainer:
         started = time.perf_counter() - self.state["elapsed_s"]
         window_start, window_steps = time.perf_counter(), 0
         self.task.module.train()
+        try:
+            self._loop(training_log, started, window_start, window_steps)
+        finally:
+            for hook in self.hooks:
+                hook.close()
+        if distributed.is_main():
+            with atomic_dir(self.output / FINAL_MODEL) as tmp:
+                self.task.export(tmp)
+            plot_curves(training_log.path, self.output / PLOT_FILE, title=str(self.output))
+        distributed.barrier()
+        return self.state
+
+    def _loop(
+        self, training_log: TrainingLog | None, started: float, window_start: float, window_steps: int
+    ) -> None:
         with progress_bar(
             "training", self.total_steps, self.show_progress, completed=self.state["step"]
         ) as advance:
             while self.state["step"] < self.total_steps:
-                figures = self._one_step()
+                boundary: dict[str, float] = {}
+                for hook in self.hooks:
+                    boundary.update(hook.before_step(self.state["step"], self.state))
+                figures = {**self._one_step(), **boundary}
                 self.state["step"] += 1
                 self.state["elapsed_s"] = time.perf_counter() - started
                 window_steps += 1
@@ -194,12 +224,6 @@ class Trainer:
                 if step % self.checkpoint.every == 0 or step == self.total_steps:
                     self._save_checkpoint()
                 advance(1)
-        if distributed.is_main():
-            with atomic_dir(self.output / FINAL_MODEL) as tmp:
-                self.task.export(tmp)
-            plot_curves(training_log.path, self.output / PLOT_FILE, title=str(self.output))
-        distributed.barrier()
-        return self.state
 
     def _evaluation_due(self, step: int) -> bool:
         if self.evaluation is None:
