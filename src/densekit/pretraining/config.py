@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from densekit.training.config import CheckpointSection, GradCacheSection, OptimSection, Section
+from densekit.training.config import OptimSection, RunConfig, Section
 
 Method = Literal["mlm", "condenser", "cocondenser", "retromae"]
 
@@ -62,7 +62,7 @@ class RetroMAESection(Section):
     decoder_mask_ratio: float = Field(0.5, gt=0, lt=1, description="basic: share of decoder tokens masked")
 
 
-class PretrainConfig(Section):
+class PretrainConfig(RunConfig):
     """A pre-training run."""
 
     method: Method = "condenser"
@@ -73,11 +73,6 @@ class PretrainConfig(Section):
     cocondenser: CoCondenserSection = CoCondenserSection()
     retromae: RetroMAESection = RetroMAESection()
     optim: OptimSection = OptimSection(learning_rate=1e-4, batch_size=32)
-    grad_cache: GradCacheSection = GradCacheSection()
-    checkpoint: CheckpointSection = CheckpointSection()
-    seed: int = 42
-    device: str = "auto"
-    log_every: int = Field(10, gt=0)
 
     @model_validator(mode="after")
     def _grad_cache_for_cocondenser(self) -> PretrainConfig:

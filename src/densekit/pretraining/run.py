@@ -5,16 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from densekit.configuration import dump_config
-from densekit.io.atomic import write_text_atomic
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.corpus import read_texts, tokenize_corpus
 from densekit.pretraining.tasks import PretrainTask
 from densekit.training import distributed
-from densekit.training.run import training_device
+from densekit.training.run import start_run
 from densekit.training.trainer import Trainer
 
 
@@ -22,14 +18,8 @@ def run_pretraining(
     config: PretrainConfig, output: Path, resume: bool = False, show_progress: bool = True
 ) -> dict[str, Any]:
     """Pre-train as `config` says; the encoder without heads is saved to `output/model`."""
-    device = training_device(config.device)
-    distributed.init_from_environment(device)
-    torch.manual_seed(config.seed)
     output = Path(output)
-    config_yaml = dump_config(config)
-    if distributed.is_main():
-        output.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(output / "config.yaml", config_yaml)
+    device, config_yaml = start_run(config, output)
     mlm = MaskedLanguageModel.load(config.model.path, config.model.trust_remote_code)
     whole_documents = config.method == "cocondenser"
     corpus = tokenize_corpus(

@@ -110,20 +110,25 @@ class CheckpointSection(Section):
     keep: int = Field(2, ge=1)
 
 
-class TrainConfig(Section):
+class RunConfig(Section):
+    """What every run through the trainer has: optimisation, caching, checkpoints, seed, device, log."""
+
+    optim: OptimSection = OptimSection()
+    grad_cache: GradCacheSection = GradCacheSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    seed: int = 42
+    device: str = "auto"
+    log_every: int = Field(10, gt=0)
+
+
+class TrainConfig(RunConfig):
     """A contrastive fine-tuning run."""
 
     model: ModelSection = ModelSection()
     data: DataSection
     loss: LossSection = LossSection()
-    optim: OptimSection = OptimSection()
-    grad_cache: GradCacheSection = GradCacheSection()
     eval: EvalSection = EvalSection()
-    checkpoint: CheckpointSection = CheckpointSection()
     ance: AnceSection = AnceSection()
-    seed: int = 42
-    device: str = "auto"
-    log_every: int = Field(10, gt=0)
 
     @model_validator(mode="after")
     def _chunks_fit(self) -> TrainConfig:

@@ -17,7 +17,7 @@ from densekit.io.atomic import write_text_atomic
 from densekit.models.encoder import DenseEncoder
 from densekit.retrieval.in_memory import evaluate_encoder
 from densekit.training import distributed
-from densekit.training.config import ModelSection, TrainConfig
+from densekit.training.config import ModelSection, RunConfig, TrainConfig
 from densekit.training.contrastive import ContrastiveTask
 from densekit.training.examples import check_example_ids, read_examples
 from densekit.training.trainer import EvaluationHook, Trainer
@@ -43,18 +43,27 @@ def load_encoder(model: ModelSection) -> DenseEncoder:
     )
 
 
+def start_run(config: RunConfig, output: Path) -> tuple[torch.device, str]:
+    """What every run does first: pick the device, join the process group, seed, save the config.
+
+    Returns the device and the config as YAML (checkpoints keep a copy).
+    """
+    device = training_device(config.device)
+    distributed.init_from_environment(device)
+    torch.manual_seed(config.seed)
+    config_yaml = dump_config(config)
+    if distributed.is_main():
+        Path(output).mkdir(parents=True, exist_ok=True)
+        write_text_atomic(Path(output) / "config.yaml", config_yaml)
+    return device, config_yaml
+
+
 def run_training(
     config: TrainConfig, output: Path, resume: bool = False, show_progress: bool = True
 ) -> dict[str, Any]:
     """Train as `config` says, writing checkpoints, logs and the final model under `output`."""
-    device = training_device(config.device)
-    distributed.init_from_environment(device)
-    torch.manual_seed(config.seed)
     output = Path(output)
-    config_yaml = dump_config(config)
-    if distributed.is_main():
-        output.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(output / "config.yaml", config_yaml)
+    device, config_yaml = start_run(config, output)
 
     encoder = load_encoder(config.model).to(device)
     dataset = Dataset.open(config.data.path)

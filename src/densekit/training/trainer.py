@@ -181,10 +181,9 @@ class Trainer:
             else None
         )
         started = time.perf_counter() - self.state["elapsed_s"]
-        window_start, window_steps = time.perf_counter(), 0
         self.task.module.train()
         try:
-            self._loop(training_log, started, window_start, window_steps)
+            self._loop(training_log, started)
         finally:
             for hook in self.hooks:
                 hook.close()
@@ -195,9 +194,10 @@ class Trainer:
         distributed.barrier()
         return self.state
 
-    def _loop(
-        self, training_log: TrainingLog | None, started: float, window_start: float, window_steps: int
-    ) -> None:
+    def _loop(self, training_log: TrainingLog | None, started: float) -> None:
+        """Steps to the end; each log line holds the means over the steps since the last one (the
+        losses, the gradient norm) and the hooks' latest figures (ANCE's version and gap)."""
+        window_start, window_sums, window_steps = time.perf_counter(), {}, 0
         with progress_bar(
             "training", self.total_steps, self.show_progress, completed=self.state["step"]
         ) as advance:
@@ -205,7 +205,8 @@ class Trainer:
                 boundary: dict[str, float] = {}
                 for hook in self.hooks:
                     boundary.update(hook.before_step(self.state["step"], self.state))
-                figures = {**self._one_step(), **boundary}
+                for key, value in self._one_step().items():
+                    window_sums[key] = window_sums.get(key, 0.0) + value
                 self.state["step"] += 1
                 self.state["elapsed_s"] = time.perf_counter() - started
                 window_steps += 1
@@ -213,12 +214,13 @@ class Trainer:
                 if training_log is not None and (step % self.log_every == 0 or step == self.total_steps):
                     seconds = time.perf_counter() - window_start
                     examples = window_steps * self.optim.batch_size * self.optim.grad_accumulation
+                    means = {key: value / window_steps for key, value in window_sums.items()}
                     training_log.write(
-                        {"step": step, "epoch": round(step / self.steps_per_epoch, 4), **figures,
+                        {"step": step, "epoch": round(step / self.steps_per_epoch, 4), **means, **boundary,
                          "lr": self.scheduler.get_last_lr()[0], "examples_per_s": examples / seconds,
                          "elapsed_s": round(self.state["elapsed_s"], 2)}
                     )  # fmt: skip
-                    window_start, window_steps = time.perf_counter(), 0
+                    window_start, window_sums, window_steps = time.perf_counter(), {}, 0
                 if self._evaluation_due(step):
                     self._evaluate(step, training_log)
                 if step % self.checkpoint.every == 0 or step == self.total_steps:

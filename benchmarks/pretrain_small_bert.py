@@ -1,0 +1,122 @@
+"""Do the pre-training objectives shape the CLS embedding space? A small BERT from scratch.
+
+A randomly initialised BERT (4 layers, hidden 256, the bundled all-MiniLM-L6-v2 vocabulary) is
+pre-trained on a collection's own corpus with each method for the same number of steps (same data,
+batch, length and learning rate), then used zero-shot (CLS pooling, exact search) on that
+collection's test queries. "none" is the random model itself. Run from the repository root:
+
+    .venv/bin/python -m benchmarks.pretrain_small_bert --collections vaswani cranfield --steps 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+from benchmarks.machine import machine_info
+from densekit.configuration import validate_config
+from densekit.data import Dataset
+from densekit.models import DenseEncoder, resolve_model_path
+from densekit.pretraining.config import PretrainConfig
+from densekit.pretraining.run import run_pretraining
+from densekit.retrieval.in_memory import evaluate_encoder
+
+METHODS = ["none", "mlm", "condenser", "cocondenser", "retromae"]
+
+
+def random_bert(path: Path, seed: int) -> Path:
+    """A 4-layer, 256-wide BERT with the bundled vocabulary, randomly initialised."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("sentence-transformers/all-MiniLM-L6-v2"))
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=1024, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    BertForMaskedLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    settings = {"pooling": "cls", "normalize": False, "query_max_length": 64, "passage_max_length": 256}
+    (path / "densekit.json").write_text(json.dumps(settings))
+    return path
+
+
+def pretrain(method: str, model: Path, data: Path, steps: int, batch: int, output: Path) -> dict:
+    tree = {
+        "method": method,
+        "model": {"path": str(model), "max_length": 128},
+        "data": {"path": str(data)},
+        "condenser": {"skip_from": 2, "head_layers": 2},
+        "cocondenser": {"span_min": 16, "span_max": 64},
+        "masking": {"ratio": 0.3 if method == "retromae" else 0.15},
+        "optim": {"max_steps": steps, "batch_size": batch, "learning_rate": 5e-4, "warmup_ratio": 0.1},
+        "checkpoint": {"every": steps},
+        "log_every": 10,
+        "device": "cpu",
+    }
+    state = run_pretraining(validate_config(tree, PretrainConfig, method), output, show_progress=False)
+    records = [json.loads(line) for line in (output / "train_log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    return {"seconds": round(state["elapsed_s"], 1), "first_loss": losses[0], "last_loss": losses[-1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data-root", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--collections", nargs="+", default=["vaswani", "cranfield"])
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--output", type=Path, default=Path(__file__).parent / "results" / "pretrain_small_bert.json"
+    )
+    args = parser.parse_args()
+
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        start_model = random_bert(Path(tmp) / "random", args.seed)
+        for name in args.collections:
+            data = args.data_root / name
+            dataset = Dataset.open(data)
+            documents = list(dataset.iter_corpus())
+            queries, qrels = dataset.split_queries("test")
+            results[name] = {}
+            for method in METHODS:
+                began = time.perf_counter()
+                row: dict = {}
+                model = start_model
+                if method != "none":
+                    row = pretrain(
+                        method, start_model, data, args.steps, args.batch_size, Path(tmp) / name / method
+                    )
+                    model = Path(tmp) / name / method / "model"
+                encoder = DenseEncoder.load(model, pooling="cls", normalize=False)
+                scores = evaluate_encoder(encoder, documents, queries, qrels, ["nDCG@10", "R@100"])
+                row.update({k: round(v, 4) for k, v in scores.items()})
+                row["wall_seconds"] = round(time.perf_counter() - began, 1)
+                results[name][method] = row
+                print(name, method, json.dumps(row), flush=True)
+
+    output = {
+        "benchmark": "pretrain_small_bert",
+        "model": "random BERT, 4 layers, hidden 256, 4 heads, bundled all-MiniLM-L6-v2 vocabulary",
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "max_length": 128,
+        "learning_rate": 5e-4,
+        "evaluation": "zero-shot, CLS pooling, exact inner product, test split",
+        "results": results,
+        "machine": machine_info(),
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(output, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
