@@ -96,8 +96,9 @@ def test_runs_skip_the_query_itself_and_have_real_ranks(tmp_path: Path):
     hits = Hits(scores, labels, np.array(["q1", "a", "b", "c"], dtype=object))
     assert hits.doc_ids().tolist() == [["q1", "a", "b"], ["c", "q1", None]]
     run = hits.to_run(["q1", "q2"], k=2)
-    assert run == {"q1": [("a", 0.8), ("b", 0.7)], "q2": [("c", 0.5), ("q1", 0.4)]}
+    assert run == {"q1": {"a": 0.8, "b": 0.7}, "q2": {"c": 0.5, "q1": 0.4}}
+    assert list(run["q1"]) == ["a", "b"]  # best first
     write_run(tmp_path / "run.trec", run)
     lines = (tmp_path / "run.trec").read_text().splitlines()
     assert lines[0].split()[:4] == ["q1", "Q0", "a", "1"] and lines[1].split()[3] == "2"
-    assert read_run(tmp_path / "run.trec", Diagnostics())["q2"] == {"c": 0.5, "q1": 0.4}
+    assert read_run(tmp_path / "run.trec", Diagnostics()) == run

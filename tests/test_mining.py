@@ -22,7 +22,7 @@ TEXTS = {
 
 
 def ranked(*pairs: tuple[str, float]) -> dict:
-    return {"q": list(pairs)}
+    return {"q": dict(pairs)}
 
 
 def mine_one(candidates: dict, **settings) -> tuple[list[str], object]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 # query id -> document id -> graded relevance
 Qrels = dict[str, dict[str, int]]
-# query id -> document id -> score
+# query id -> document id -> score; runs made by a search list each query's documents best first
 Run = dict[str, dict[str, float]]
 
 

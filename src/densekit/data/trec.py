@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -153,12 +152,12 @@ def read_run(path: Path, diagnostics: Diagnostics) -> Run:
     return run
 
 
-def write_run(path: Path, results: Mapping[str, Iterable[tuple[str, float]]], tag: str = "densekit") -> None:
-    """Write ranked results atomically as a TREC run, best first, with ranks from 1."""
+def write_run(path: Path, run: Run, tag: str = "densekit") -> None:
+    """Write a run atomically in TREC's format, best first (ties keep their order), ranks from 1."""
     with atomic_file(path) as handle:
-        for query_id, ranked in results.items():
+        for query_id, ranked in run.items():
             _check_id(query_id)
-            ordered = sorted(ranked, key=lambda pair: -pair[1])
+            ordered = sorted(ranked.items(), key=lambda pair: -pair[1])
             for rank, (doc_id, score) in enumerate(ordered, start=1):
                 handle.write(f"{query_id} Q0 {doc_id} {rank} {score:.9g} {tag}\n")
 

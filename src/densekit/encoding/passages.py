@@ -7,9 +7,8 @@ from collections.abc import Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from densekit.data.records import Document
+from densekit.data.records import Document, Run
 from densekit.models.encoder import DenseEncoder
-from densekit.retrieval.hits import RankedRun
 
 PASSAGE_MARK = "#p"
 
@@ -60,14 +59,14 @@ def document_of(passage_id: str) -> str:
     return passage_id.rsplit(PASSAGE_MARK, 1)[0]
 
 
-def best_passage_run(passage_run: RankedRun, k: int) -> RankedRun:
+def best_passage_run(passage_run: Run, k: int) -> Run:
     """A document run from a passage run: each document scored by its best passage, top `k` kept."""
-    run: RankedRun = {}
+    run: Run = {}
     for query_id, ranked in passage_run.items():
         best: dict[str, float] = {}
-        for passage_id, score in ranked:
+        for passage_id, score in ranked.items():
             doc_id = document_of(passage_id)
             if doc_id not in best or score > best[doc_id]:
                 best[doc_id] = score
-        run[query_id] = sorted(best.items(), key=lambda pair: -pair[1])[:k]
+        run[query_id] = dict(sorted(best.items(), key=lambda pair: -pair[1])[:k])
     return run

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import ir_measures
 from ir_measures import Measure
 
 from densekit.data.records import Qrels, Run
-from densekit.retrieval.hits import RankedRun
 
 DEFAULT_MEASURES = ("nDCG@10", "RR@10", "R@100", "R@1000", "AP")
 
@@ -24,26 +23,16 @@ def parse_measures(names: Iterable[str]) -> list[Measure]:
     return measures
 
 
-def as_run(run: Run | RankedRun) -> Run:
-    """A run as `{query: {doc: score}}`, accepting ranked lists too."""
-    return {q: dict(docs) if not isinstance(docs, Mapping) else docs for q, docs in run.items()}
-
-
-def evaluate(
-    qrels: Qrels, run: Run | RankedRun, measures: Iterable[str] = DEFAULT_MEASURES
-) -> dict[str, float]:
+def evaluate(qrels: Qrels, run: Run, measures: Iterable[str] = DEFAULT_MEASURES) -> dict[str, float]:
     """Mean of each measure over the queries that have both judgements and results, keyed by name."""
     parsed = parse_measures(measures)
-    values = ir_measures.calc_aggregate(parsed, qrels, as_run(run))
+    values = ir_measures.calc_aggregate(parsed, qrels, run)
     return {str(m): float(values[m]) for m in parsed}
 
 
 def evaluate_per_query(
-    qrels: Qrels, run: Run | RankedRun, measures: Iterable[str] = DEFAULT_MEASURES
+    qrels: Qrels, run: Run, measures: Iterable[str] = DEFAULT_MEASURES
 ) -> list[tuple[str, str, float]]:
     """`(query id, measure name, value)` for every query and measure."""
     parsed = parse_measures(measures)
-    return [
-        (m.query_id, str(m.measure), float(m.value))
-        for m in ir_measures.iter_calc(parsed, qrels, as_run(run))
-    ]
+    return [(m.query_id, str(m.measure), float(m.value)) for m in ir_measures.iter_calc(parsed, qrels, run)]

@@ -16,12 +16,13 @@ import faiss
 import numpy as np
 
 from densekit.data.diagnostics import DataError, Problem
+from densekit.data.records import Run
 from densekit.encoding.passages import MaxPSettings, best_passage_run
 from densekit.encoding.store import EmbeddingStore
 from densekit.index.spec import IndexSpec
 from densekit.io.atomic import atomic_dir
 from densekit.progress import progress_bar
-from densekit.retrieval.hits import Hits, RankedRun
+from densekit.retrieval.hits import Hits
 
 log = logging.getLogger("densekit")
 
@@ -159,9 +160,7 @@ class SearchIndex:
         scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
         return Hits(scores, labels, self.ids)
 
-    def search_run(
-        self, queries: np.ndarray, query_ids: list[str], k: int, skip_self: bool = True
-    ) -> RankedRun:
+    def search_run(self, queries: np.ndarray, query_ids: list[str], k: int, skip_self: bool = True) -> Run:
         """The top `k` documents per query as a run. For a MaxP index (rows are passages) a document
         scores its best passage; with `skip_self`, a document whose id is the query's is left out."""
         maxp = self.meta.get("maxp")
@@ -170,10 +169,12 @@ class SearchIndex:
         depth = min(int(self.index.ntotal), (k + 1) * MaxPSettings(**maxp).depth_factor)
         passages = self.search(queries, depth).to_run(query_ids, depth, skip_self=False)
         documents = best_passage_run(passages, k + 1)
-        return {
-            query_id: [(doc, score) for doc, score in ranked if not (skip_self and doc == query_id)][:k]
-            for query_id, ranked in documents.items()
-        }
+        for query_id, ranked in documents.items():
+            if skip_self:
+                ranked.pop(query_id, None)
+            while len(ranked) > k:
+                ranked.popitem()
+        return documents
 
 
 def _to_gpus(index: faiss.Index, index_type: str) -> faiss.Index:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from densekit.retrieval.hits import RankedRun
+from densekit.data.records import Run
 from densekit.training.examples import TrainingExample
 
 
@@ -69,7 +69,7 @@ def normalised(text: str) -> str:
 
 def choose_negatives(
     examples: list[TrainingExample],
-    ranked: RankedRun,
+    ranked: Run,
     positive_scores: Mapping[str, Mapping[str, float]],
     texts: Mapping[str, str],
     settings: MiningSettings,
@@ -90,7 +90,7 @@ def choose_negatives(
         )
         scores = [positive_scores[example.query_id][p] for p in example.positives]
         reference = min(scores) if scores else None
-        window = ranked.get(example.query_id, [])[settings.first_rank - 1 : settings.last_rank]
+        window = list(ranked.get(example.query_id, {}).items())[settings.first_rank - 1 : settings.last_rank]
         kept = []
         for doc_id, score in window:
             report.candidates += 1

@@ -10,6 +10,7 @@ from typing import Literal
 import numpy as np
 
 from densekit.data.dataset import Dataset
+from densekit.data.records import Run
 from densekit.encoding.embed import embed_texts
 from densekit.index import SearchIndex
 from densekit.io.atomic import write_text_atomic
@@ -18,7 +19,6 @@ from densekit.models.encoder import DenseEncoder
 from densekit.progress import progress_bar
 from densekit.retrieval.bm25 import BM25Index
 from densekit.retrieval.dense import check_compatible
-from densekit.retrieval.hits import RankedRun
 from densekit.retrieval.in_memory import index_corpus
 from densekit.training.examples import TrainingExample, examples_from_qrels, write_examples
 
@@ -34,7 +34,7 @@ def report_path(output: Path) -> Path:
 
 def bm25_candidates(
     index: BM25Index, examples: list[TrainingExample], depth: int
-) -> tuple[RankedRun, dict[str, dict[str, float]]]:
+) -> tuple[Run, dict[str, dict[str, float]]]:
     """BM25's top `depth` for each example's query, and the BM25 scores of its positives."""
     ranked = index.search({e.query_id: e.query for e in examples}, k=depth)
     positive_scores = {
@@ -52,7 +52,7 @@ def dense_candidates(
     depth: int,
     batch_size: int = 64,
     show_progress: bool = True,
-) -> tuple[RankedRun, dict[str, dict[str, float]]]:
+) -> tuple[Run, dict[str, dict[str, float]]]:
     """The index's top `depth` for each query, and the exact scores of its positives under `encoder`."""
     check_compatible(encoder, index)
     query_ids = [e.query_id for e in examples]

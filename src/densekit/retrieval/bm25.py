@@ -9,8 +9,8 @@ import numpy as np
 import Stemmer
 from pydantic import BaseModel, ConfigDict
 
-from densekit.data.records import Document
-from densekit.retrieval.hits import Hits, RankedRun
+from densekit.data.records import Document, Run
+from densekit.retrieval.hits import Hits
 
 
 class BM25Config(BaseModel):
@@ -55,7 +55,7 @@ class BM25Index:
         scores = self.retriever.get_scores(tokens)
         return [float(scores[self._rows[doc_id]]) for doc_id in doc_ids]
 
-    def search(self, queries: dict[str, str], k: int = 1000, skip_self: bool = True) -> RankedRun:
+    def search(self, queries: dict[str, str], k: int = 1000, skip_self: bool = True) -> Run:
         """The top `k` documents for each query."""
         query_ids = list(queries)
         if not query_ids:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
+from densekit.data.records import Run
 from densekit.encoding.device import Precision
 from densekit.encoding.embed import embed_texts
 from densekit.index.faiss_index import SearchIndex
 from densekit.models.encoder import DenseEncoder
 from densekit.progress import progress_bar
-from densekit.retrieval.hits import RankedRun
 
 log = logging.getLogger("densekit")
 
@@ -43,7 +43,7 @@ def dense_search(
     precision: Precision = "float32",
     skip_self: bool = True,
     show_progress: bool = True,
-) -> RankedRun:
+) -> Run:
     """The top `k` documents of `index` for each query."""
     check_compatible(encoder, index)
     query_ids = list(queries)

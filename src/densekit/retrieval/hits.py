@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-# query id -> [(doc id, score), ...] best first
-RankedRun = dict[str, list[tuple[str, float]]]
+from densekit.data.records import Run
 
 
 @dataclass(frozen=True)
@@ -30,21 +28,23 @@ class Hits:
         found[self.labels < 0] = None
         return found
 
-    def to_run(self, query_ids: Sequence[str], k: int, skip_self: bool = True) -> RankedRun:
-        """Best-first `(doc id, score)` lists per query, at most `k`, without empty slots.
+    def to_run(self, query_ids: Sequence[str], k: int, skip_self: bool = True) -> Run:
+        """Each query's documents best first, at most `k`, without empty slots.
 
         With `skip_self`, a document whose id equals the query's is left out, as BEIR does (some
         collections hold queries that are also documents); search k+1 deep to still get k.
         """
         if len(query_ids) != len(self.labels):
             raise ValueError(f"{len(query_ids)} query ids for {len(self.labels)} rows of hits")
-        run: RankedRun = {}
+        run: Run = {}
         for row, query_id in enumerate(query_ids):
             valid = self.labels[row] >= 0
-            pairs = zip(
-                self.ids[self.labels[row][valid]].tolist(), self.scores[row][valid].tolist(), strict=True
+            ranked = dict(
+                zip(self.ids[self.labels[row][valid]].tolist(), self.scores[row][valid].tolist(), strict=True)
             )
             if skip_self:
-                pairs = ((doc_id, score) for doc_id, score in pairs if doc_id != query_id)
-            run[query_id] = list(itertools.islice(pairs, k))
+                ranked.pop(query_id, None)
+            while len(ranked) > k:
+                ranked.popitem()  # the last inserted is the lowest scored
+            run[query_id] = ranked
         return run
