@@ -45,7 +45,12 @@ def config_for(run: str, data: Path, two_round: Path, steps: int, refresh_every:
             "query_max_length": 64,
             "passage_max_length": 256,
         },
-        "data": {"path": str(data), "train": str(train_file), "group_size": 1 if run == "in-batch" else 2},
+        "data": {
+            "path": str(data),
+            "train": str(train_file),
+            "group_size": 1 if run == "in-batch" else 2,
+            "shortfall": "random",  # as the two-round recipe: a few queries have no mined negative left
+        },
         "loss": {"temperature": 0.05},
         "optim": {"learning_rate": 2e-5, "max_steps": steps, "batch_size": 32, "warmup_ratio": 0.1},
         "checkpoint": {"every": refresh_every if run == "ance" else steps, "keep": 3},
