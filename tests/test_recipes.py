@@ -116,3 +116,17 @@ def test_shipped_recipes_validate(name: str, tmp_path: Path):
     tree, steps = load_recipe(ROOT / "recipes" / f"{name}.yaml", tmp_path, ["data.path=/data"])
     assert "nDCG@10" in tree["expected"]
     assert list(steps)[-1] == "evaluate"
+
+
+def test_a_train_steps_config_is_checked_before_anything_runs(tmp_path: Path):
+    path = tmp_path / "r.yaml"
+    recipe = {"steps": {
+        "first": {"type": "bm25", "data": "/d", "output": "{out}/bm25.trec"},
+        "train": {"type": "train", "output": "{out}/ft", "config": {"data": {"path": "/d", "train": "/t"},
+                                                                   "optim": {"batchsize": 3}}},
+    }}  # fmt: skip
+    path.write_text(yaml.safe_dump(recipe))
+    with pytest.raises(
+        DataError, match=r"steps\.train\.config\.optim\.batchsize: Extra inputs are not permitted"
+    ):
+        load_recipe(path, tmp_path, [])

@@ -18,7 +18,7 @@ from densekit.data.validate import validate_dataset
 from densekit.evaluation import DEFAULT_MEASURES, evaluate, evaluate_per_query
 from densekit.io.atomic import write_text_atomic
 
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def validate(

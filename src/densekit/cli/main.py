@@ -7,6 +7,7 @@ import sys
 
 import typer
 from rich.logging import RichHandler
+from rich.markup import escape
 from transformers.utils import logging as transformers_logging
 
 from densekit.cli import data_commands, quickstart_command, recipe_command, retrieval_commands, train_commands
@@ -48,9 +49,9 @@ def main() -> None:
     """Run the command line, turning input errors into a message and exit status 2."""
     try:
         app()
-    except DataError as err:
-        stderr_console.print(f"[bold red]error:[/] {err}", highlight=False, markup=True)
+    except DataError as err:  # each problem line already says "error"
+        stderr_console.print(f"[red]{escape(str(err))}[/]", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
-        stderr_console.print(f"[bold red]error:[/] {err}", highlight=False)
+        stderr_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from densekit.configuration import apply_overrides, read_yaml
 from densekit.data.diagnostics import DataError, Problem
 from densekit.io.atomic import write_text_atomic
-from densekit.recipes.steps import STEP_TYPES, EvaluateStep, Step, describe
+from densekit.recipes.steps import STEP_TYPES, EvaluateStep, Step, TrainerStep, describe
 from densekit.training import distributed
 
 log = logging.getLogger("densekit")
@@ -91,6 +91,14 @@ def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[st
                 for e in err.errors()
             ]
             raise DataError(problems) from None
+        if isinstance(steps[name], TrainerStep):
+            # check the run's own config now, not when the steps before it are done
+            try:
+                steps[name].validated()
+            except DataError as err:
+                raise DataError(
+                    [Problem(Path(path), None, f"steps.{name}.config.{p.message}") for p in err.problems]
+                ) from None
     return tree, steps
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,9 +21,11 @@ from densekit.io.atomic import write_text_atomic
 from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
 from densekit.models import DenseEncoder
+from densekit.pretraining.config import PretrainConfig
+from densekit.pretraining.run import run_pretraining
 from densekit.retrieval.bm25 import BM25Config, BM25Index
 from densekit.retrieval.dense import dense_search
-from densekit.training.config import TrainConfig
+from densekit.training.config import RunConfig, TrainConfig
 from densekit.training.run import run_training
 
 
@@ -61,37 +63,39 @@ class MineStep(Step):
         return [Path(self.output), Path(f"{self.output}.report.json")]
 
 
-class TrainStep(Step):
-    """`densekit train`; a killed step resumes from its newest checkpoint."""
+class TrainerStep(Step):
+    """A run through the trainer with a config of its own, checked when the recipe is read; a killed
+    step resumes from its newest checkpoint."""
 
-    type: Literal["train"]
     output: str
     config: dict[str, Any]
+    config_type: ClassVar[type[RunConfig]]
+
+    def validated(self, device: str = "auto", source: str = "recipe step") -> RunConfig:
+        """The step's config on `device`."""
+        return validate_config({"device": device, **self.config}, self.config_type, source)
+
+
+class TrainStep(TrainerStep):
+    """`densekit train`."""
+
+    type: Literal["train"]
+    config_type: ClassVar[type[RunConfig]] = TrainConfig
 
     def run(self, device: str, show_progress: bool) -> None:
         """Train to the end (resuming if the step was started before)."""
-        config = validate_config(
-            {"device": device, **self.config}, TrainConfig, f"train step -> {self.output}"
-        )
-        run_training(config, Path(self.output), resume=True, show_progress=show_progress)
+        run_training(self.validated(device), Path(self.output), resume=True, show_progress=show_progress)
 
 
-class PretrainStep(Step):
-    """`densekit pretrain`; a killed step resumes from its newest checkpoint."""
+class PretrainStep(TrainerStep):
+    """`densekit pretrain`."""
 
     type: Literal["pretrain"]
-    output: str
-    config: dict[str, Any]
+    config_type: ClassVar[type[RunConfig]] = PretrainConfig
 
     def run(self, device: str, show_progress: bool) -> None:
         """Pre-train to the end (resuming if the step was started before)."""
-        from densekit.pretraining.config import PretrainConfig
-        from densekit.pretraining.run import run_pretraining
-
-        config = validate_config(
-            {"device": device, **self.config}, PretrainConfig, f"pretrain step -> {self.output}"
-        )
-        run_pretraining(config, Path(self.output), resume=True, show_progress=show_progress)
+        run_pretraining(self.validated(device), Path(self.output), resume=True, show_progress=show_progress)
 
 
 class EncodeStep(Step):
