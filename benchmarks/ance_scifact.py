@@ -124,7 +124,7 @@ def main() -> None:
         row = {
             **{k: round(v, 4) for k, v in scores.items()},
             "train_seconds": round(state["elapsed_s"], 1),
-            "wall_seconds_with_evaluation": round(wall, 1),
+            "wall_seconds": round(wall, 1),
             "steps": state["step"],
             "mean_grad_norm": round(statistics.mean(r["grad_norm"] for r in rows if "grad_norm" in r), 4),
         }

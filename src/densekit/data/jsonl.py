@@ -48,36 +48,28 @@ def _string_field(
     return value
 
 
-def iter_jsonl_corpus(path: Path, diagnostics: Diagnostics) -> Iterator[Document]:
-    """Stream the documents of a BEIR corpus.jsonl, one line at a time."""
-    checker = EntryChecker(path, diagnostics, "documents")
+def _iter_entries(path: Path, diagnostics: Diagnostics, noun: str, titled: bool) -> Iterator[Document]:
+    """Entries with `_id` and `text` (and, when `titled`, an optional `title`), checked line by line."""
+    checker = EntryChecker(path, diagnostics, noun)
     for lineno, obj in _iter_objects(path, diagnostics):
         if "_id" not in obj:
             diagnostics.error(path, lineno, 'missing "_id"')
             continue
-        doc_id = checker.check_id(obj["_id"], lineno)
+        entry_id = checker.check_id(obj["_id"], lineno)
         text = _string_field(obj, "text", path, lineno, diagnostics, required=True)
-        title = _string_field(obj, "title", path, lineno, diagnostics, required=False)
-        if doc_id is None or text is None or title is None:
+        title = _string_field(obj, "title", path, lineno, diagnostics, required=False) if titled else ""
+        if entry_id is None or text is None or title is None:
             continue
         checker.note_text(f"{title} {text}", lineno)
-        yield Document(doc_id, text, title)
+        yield Document(entry_id, text, title)
     checker.finish()
+
+
+def iter_jsonl_corpus(path: Path, diagnostics: Diagnostics) -> Iterator[Document]:
+    """Stream the documents of a BEIR corpus.jsonl, one line at a time."""
+    return _iter_entries(path, diagnostics, "documents", titled=True)
 
 
 def read_jsonl_queries(path: Path, diagnostics: Diagnostics) -> dict[str, str]:
     """Read a BEIR queries.jsonl into `{query id: text}`."""
-    checker = EntryChecker(path, diagnostics, "queries")
-    queries: dict[str, str] = {}
-    for lineno, obj in _iter_objects(path, diagnostics):
-        if "_id" not in obj:
-            diagnostics.error(path, lineno, 'missing "_id"')
-            continue
-        query_id = checker.check_id(obj["_id"], lineno)
-        text = _string_field(obj, "text", path, lineno, diagnostics, required=True)
-        if query_id is None or text is None:
-            continue
-        checker.note_text(text, lineno)
-        queries[query_id] = text
-    checker.finish()
-    return queries
+    return {query.id: query.text for query in _iter_entries(path, diagnostics, "queries", titled=False)}
