@@ -53,7 +53,7 @@ def config_for(run: str, data: Path, two_round: Path, steps: int, refresh_every:
         },
         "loss": {"temperature": 0.05},
         "optim": {"learning_rate": 2e-5, "max_steps": steps, "batch_size": 32, "warmup_ratio": 0.1},
-        "checkpoint": {"every": refresh_every if run == "ance" else steps, "keep": 3},
+        "checkpoint": {"every": refresh_every, "keep": 3},  # ANCE refreshes from these; others resume
         "log_every": 1,
         "device": "cpu",
     }
@@ -65,28 +65,49 @@ def config_for(run: str, data: Path, two_round: Path, steps: int, refresh_every:
     return validate_config(tree, TrainConfig, run)
 
 
-def plot(records: dict[str, list[dict]], output: Path) -> None:
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Mean of each value and the `window - 1` before it (fewer at the start)."""
+    return [statistics.mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
+def plot(results: Path) -> None:
+    """Gradient norms of every run logged in `results` (raw and averaged over 10 steps) and ANCE's gap."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (norms, gaps) = plt.subplots(1, 2, figsize=(12, 4))
+    records = {
+        run: [json.loads(line) for line in log.read_text().splitlines()]
+        for run in RUNS
+        if (log := results / f"ance_scifact_{run}_log.jsonl").is_file()
+    }
+    figure, (norms, gaps) = plt.subplots(1, 2, figsize=(13, 4.5))
+    colours = dict(zip(RUNS, ["tab:gray", "tab:orange", "tab:green", "tab:red"], strict=True))
     for run, rows in records.items():
+        colour = colours[run]
         steps = [r["step"] for r in rows if "grad_norm" in r]
-        norms.plot(steps, [r["grad_norm"] for r in rows if "grad_norm" in r], label=run, alpha=0.8)
+        values = [r["grad_norm"] for r in rows if "grad_norm" in r]
+        norms.plot(steps, values, color=colour, alpha=0.2, linewidth=0.8)
+        label = f"{run} (mean {statistics.mean(values):.2f})"
+        norms.plot(steps, moving_average(values, 10), color=colour, linewidth=2, label=label)
     norms.set_xlabel("step")
     norms.set_ylabel("gradient norm (before clipping)")
-    norms.set_title("Gradient norms by source of negatives")
+    norms.set_title("Gradient norms by source of negatives (faint: per step; bold: 10-step mean)")
     norms.legend()
     ance = [r for r in records.get("ance", []) if "ance_async_gap" in r]
-    gaps.plot([r["step"] for r in ance], [r["ance_async_gap"] for r in ance], label="async gap")
-    gaps.plot([r["step"] for r in ance], [r["ance_version"] for r in ance], label="version in use")
+    gaps.plot([r["step"] for r in ance], [r["ance_async_gap"] for r in ance], color="tab:red")
     gaps.set_xlabel("step")
-    gaps.set_title("ANCE: negatives version and async gap (steps)")
-    gaps.legend()
+    gaps.set_ylabel("async gap (steps)", color="tab:red")
+    versions = gaps.twinx()
+    versions.step(
+        [r["step"] for r in ance], [r["ance_version"] for r in ance], where="post", color="tab:blue"
+    )
+    versions.set_ylabel("version of negatives in use", color="tab:blue")
+    versions.yaxis.get_major_locator().set_params(integer=True)
+    gaps.set_title("ANCE: version in use and the async gap")
     figure.tight_layout()
-    figure.savefig(output, dpi=100)
+    figure.savefig(results / "ance_gradient_norms.png", dpi=100)
     plt.close(figure)
 
 
@@ -100,15 +121,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=75)
     parser.add_argument("--refresh-every", type=int, default=15)
     parser.add_argument("--runs", nargs="+", default=RUNS, choices=RUNS)
+    parser.add_argument("--plot-only", action="store_true", help="redraw the plot from the logged runs")
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(args.results)
+        return
 
     dataset = Dataset.open(args.data)
     documents = list(dataset.iter_corpus())
     queries, qrels = dataset.split_queries("test")
     summary_file = args.results / "ance_scifact.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {"runs": {}}
-    records = {}
     for run in args.runs:
         output = args.out / run
         began = time.perf_counter()
@@ -120,7 +144,6 @@ def main() -> None:
             DenseEncoder.load(output / "model"), documents, queries, qrels, ["nDCG@10", "RR@10", "R@100"]
         )
         rows = [json.loads(line) for line in (output / "train_log.jsonl").read_text().splitlines()]
-        records[run] = rows
         row = {
             **{k: round(v, 4) for k, v in scores.items()},
             "train_seconds": round(state["elapsed_s"], 1),
@@ -141,20 +164,12 @@ def main() -> None:
         (args.results / f"ance_scifact_{run}_log.jsonl").write_text(
             "".join(json.dumps(r) + "\n" for r in rows)
         )
-    summary.update(
-        benchmark="ance_scifact", steps=args.steps, refresh_every=args.refresh_every, batch_size=32,
-        start="round-1 model of recipes/scifact-two-round.yaml", machine=machine_info(),
-    )  # fmt: skip
-    summary_file.write_text(json.dumps(summary, indent=2) + "\n")
-    all_records = {
-        run: [
-            json.loads(line)
-            for line in (args.results / f"ance_scifact_{run}_log.jsonl").read_text().splitlines()
-        ]
-        for run in RUNS
-        if (args.results / f"ance_scifact_{run}_log.jsonl").is_file()
-    }
-    plot(all_records, args.results / "ance_gradient_norms.png")
+        summary.update(
+            benchmark="ance_scifact", steps=args.steps, refresh_every=args.refresh_every, batch_size=32,
+            start="round-1 model of recipes/scifact-two-round.yaml", machine=machine_info(),
+        )  # fmt: skip
+        summary_file.write_text(json.dumps(summary, indent=2) + "\n")  # after each run: runs take hours
+    plot(args.results)
 
 
 if __name__ == "__main__":

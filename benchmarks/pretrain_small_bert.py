@@ -64,6 +64,23 @@ def pretrain(method: str, model: Path, data: Path, steps: int, batch: int, outpu
     return {"seconds": round(state["elapsed_s"], 1), "first_loss": losses[0], "last_loss": losses[-1]}
 
 
+def write_results(args: argparse.Namespace, results: dict) -> None:
+    """Write what has been measured so far."""
+    output = {
+        "benchmark": "pretrain_small_bert",
+        "model": "random BERT, 4 layers, hidden 256, 4 heads, bundled all-MiniLM-L6-v2 vocabulary",
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "max_length": 128,
+        "learning_rate": 5e-4,
+        "evaluation": "zero-shot, CLS pooling, exact inner product, test split",
+        "results": results,
+        "machine": machine_info(),
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(output, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -102,20 +119,7 @@ def main() -> None:
                 row["wall_seconds"] = round(time.perf_counter() - began, 1)
                 results[name][method] = row
                 print(name, method, json.dumps(row), flush=True)
-
-    output = {
-        "benchmark": "pretrain_small_bert",
-        "model": "random BERT, 4 layers, hidden 256, 4 heads, bundled all-MiniLM-L6-v2 vocabulary",
-        "steps": args.steps,
-        "batch_size": args.batch_size,
-        "max_length": 128,
-        "learning_rate": 5e-4,
-        "evaluation": "zero-shot, CLS pooling, exact inner product, test split",
-        "results": results,
-        "machine": machine_info(),
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(output, indent=2) + "\n")
+                write_results(args, results)  # after each run: the whole benchmark takes hours on a CPU
 
 
 if __name__ == "__main__":
