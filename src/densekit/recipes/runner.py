@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from densekit.configuration import apply_overrides, read_yaml
@@ -102,6 +103,11 @@ def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[st
     return tree, steps
 
 
+def _same(recorded: str, described: str) -> bool:
+    """Whether recorded parameters equal the step's, whatever the order of their keys."""
+    return yaml.safe_load(recorded) == yaml.safe_load(described)
+
+
 def run_recipe(
     path: Path,
     output: Path,
@@ -128,12 +134,12 @@ def run_recipe(
         described = describe(step)
         done, started = markers / f"{name}.json", markers / f"{name}.started"
         record = json.loads(done.read_text(encoding="utf-8")) if done.is_file() else None
-        if record is not None and record["parameters"] == described and not upstream_ran:
+        if record is not None and _same(record["parameters"], described) and not upstream_ran:
             log.info("step %s: already done", name)
             timings[name] = record["seconds"]
             continue
         began_as = started.read_text(encoding="utf-8") if started.is_file() else None
-        if record is not None or (began_as is not None and (began_as != described or upstream_ran)):
+        if record is not None or (began_as is not None and (not _same(began_as, described) or upstream_ran)):
             log.info("step %s: its parameters or inputs changed; starting it over", name)
             _remove(step.outputs())
         done.unlink(missing_ok=True)
