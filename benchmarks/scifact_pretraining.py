@@ -59,7 +59,8 @@ def pretrain_losses(runs: Path, results: Path, steps: int | None) -> dict:
         log = results / f"scifact_pretrain_{method}_log.jsonl"
         shutil.copyfile(output / "train_log.jsonl", log)
         plot_curves(log, results / f"scifact_pretrain_{method}.png", title=f"{method} on the SciFact corpus")
-        losses = [json.loads(line)["loss"] for line in log.read_text().splitlines() if '"loss"' in line]
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        losses = [r["loss"] for r in records if "loss" in r]
         rows[method] = {
             "steps": state["step"], "seconds": round(state["elapsed_s"], 1),
             "first_logged_loss": round(losses[0], 4), "last_logged_loss": round(losses[-1], 4),
