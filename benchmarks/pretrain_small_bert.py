@@ -6,13 +6,15 @@ batch, length and learning rate), then used zero-shot (CLS pooling, exact search
 collection's test queries. "none" is the random model itself. Run from the repository root:
 
     .venv/bin/python -m benchmarks.pretrain_small_bert --collections vaswani cranfield --steps 600
+
+Runs live under `--runs` (one folder per collection, method and step budget) and resume: a killed
+benchmark started again continues where each run stopped, and finished runs are only re-evaluated.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
+from densekit.encoding.device import resolve_device
 from densekit.models import DenseEncoder, resolve_model_path
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
@@ -31,7 +34,9 @@ METHODS = ["none", "mlm", "condenser", "cocondenser", "retromae"]
 
 
 def random_bert(path: Path, seed: int) -> Path:
-    """A 4-layer, 256-wide BERT with the bundled vocabulary, randomly initialised."""
+    """A 4-layer, 256-wide BERT with the bundled vocabulary, randomly initialised (kept if present)."""
+    if (path / "densekit.json").is_file():
+        return path
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("sentence-transformers/all-MiniLM-L6-v2"))
     config = BertConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -45,7 +50,8 @@ def random_bert(path: Path, seed: int) -> Path:
     return path
 
 
-def pretrain(method: str, model: Path, data: Path, steps: int, batch: int, output: Path) -> dict:
+def pretrain(method: str, model: Path, data: Path, steps: int, batch: int, device: str, output: Path) -> dict:
+    """Pre-train `model` on `data`'s corpus with `method` (resuming a run in `output`); time and losses."""
     tree = {
         "method": method,
         "model": {"path": str(model), "max_length": 128},
@@ -56,9 +62,10 @@ def pretrain(method: str, model: Path, data: Path, steps: int, batch: int, outpu
         "optim": {"max_steps": steps, "batch_size": batch, "learning_rate": 5e-4, "warmup_ratio": 0.1},
         "checkpoint": {"every": steps},
         "log_every": 10,
-        "device": "cpu",
+        "device": device,
     }
-    state = run_pretraining(validate_config(tree, PretrainConfig, method), output, show_progress=False)
+    config = validate_config(tree, PretrainConfig, method)
+    state = run_pretraining(config, output, resume=True, show_progress=False)
     records = [json.loads(line) for line in (output / "train_log.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
     return {"seconds": round(state["elapsed_s"], 1), "first_loss": losses[0], "last_loss": losses[-1]}
@@ -90,36 +97,37 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (auto: a GPU where there is one)")
+    parser.add_argument("--runs", type=Path, default=Path("runs/small-bert"))
     parser.add_argument(
         "--output", type=Path, default=Path(__file__).parent / "results" / "pretrain_small_bert.json"
     )
     args = parser.parse_args()
 
     results: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        start_model = random_bert(Path(tmp) / "random", args.seed)
-        for name in args.collections:
-            data = args.data_root / name
-            dataset = Dataset.open(data)
-            documents = list(dataset.iter_corpus())
-            queries, qrels = dataset.split_queries("test")
-            results[name] = {}
-            for method in METHODS:
-                began = time.perf_counter()
-                row: dict = {}
-                model = start_model
-                if method != "none":
-                    row = pretrain(
-                        method, start_model, data, args.steps, args.batch_size, Path(tmp) / name / method
-                    )
-                    model = Path(tmp) / name / method / "model"
-                encoder = DenseEncoder.load(model, pooling="cls", normalize=False)
-                scores = evaluate_encoder(encoder, documents, queries, qrels, ["nDCG@10", "R@100"])
-                row.update({k: round(v, 4) for k, v in scores.items()})
-                row["wall_seconds"] = round(time.perf_counter() - began, 1)
-                results[name][method] = row
-                print(name, method, json.dumps(row), flush=True)
-                write_results(args, results)  # after each run: the whole benchmark takes hours on a CPU
+    device = resolve_device(args.device)
+    start_model = random_bert(args.runs / f"random-seed{args.seed}", args.seed)
+    for name in args.collections:
+        data = args.data_root / name
+        dataset = Dataset.open(data)
+        documents = list(dataset.iter_corpus())
+        queries, qrels = dataset.split_queries("test")
+        results[name] = {}
+        for method in METHODS:
+            began = time.perf_counter()
+            row: dict = {}
+            model = start_model
+            if method != "none":
+                output = args.runs / f"seed{args.seed}" / name / f"{method}-{args.steps}x{args.batch_size}"
+                row = pretrain(method, start_model, data, args.steps, args.batch_size, args.device, output)
+                model = output / "model"
+            encoder = DenseEncoder.load(model, pooling="cls", normalize=False).to(device)
+            scores = evaluate_encoder(encoder, documents, queries, qrels, ["nDCG@10", "R@100"])
+            row.update({k: round(v, 4) for k, v in scores.items()})
+            row["wall_seconds"] = round(time.perf_counter() - began, 1)
+            results[name][method] = row
+            print(name, method, json.dumps(row), flush=True)
+            write_results(args, results)  # after each run: the whole benchmark takes hours on a CPU
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Pre-training all-MiniLM-L6-v2 on SciFact's corpus, and what it adds to the two-round fine-tune.
 
-1. Always: pre-trains with Condenser, coCondenser and RetroMAE on the SciFact corpus with the settings
-   of `recipes/scifact-cocondenser.yaml` and `recipes/scifact-retromae.yaml` (Condenser: the
-   coCondenser settings without the span contrast), for `--steps` steps each (default: the recipes'
-   budget of one epoch), and writes each method's log and loss plot into `results/`.
+1. With `--steps N`: pre-trains with Condenser, coCondenser and RetroMAE on the SciFact corpus with the
+   settings of `recipes/scifact-cocondenser.yaml` and `recipes/scifact-retromae.yaml` (Condenser: the
+   coCondenser settings without the span contrast) for N steps each, and writes each method's log and
+   loss plot into `results/`.
 2. With `--recipes`: runs `recipes/scifact-two-round.yaml` (fine-tuning alone),
    `recipes/scifact-cocondenser.yaml` and `recipes/scifact-retromae.yaml` (the same fine-tuning budget
    after pre-training), each skipping what is done, and collects their test nDCG@10 and wall-clock.
@@ -43,35 +43,38 @@ def recipe_pretraining(method: str, runs: Path) -> dict:
     return tree
 
 
-def pretrain_losses(runs: Path, results: Path, steps: int | None) -> dict:
+def keep_log(run: Path, stem: Path, title: str) -> dict:
+    """Copy a run's log to `stem`_log.jsonl, plot it to `stem`.png; its first and last logged losses."""
+    log = stem.parent / f"{stem.name}_log.jsonl"
+    shutil.copyfile(run / "train_log.jsonl", log)
+    plot_curves(log, stem.parent / f"{stem.name}.png", title=title)
+    losses = [r["loss"] for r in map(json.loads, log.read_text().splitlines()) if "loss" in r]
+    return {"first_logged_loss": round(losses[0], 4), "last_logged_loss": round(losses[-1], 4)}
+
+
+def pretrain_losses(runs: Path, results: Path, steps: int) -> dict:
     """Pre-train with each method; write its log and loss plot into `results`; first and last losses."""
     rows = {}
     for method in ("condenser", "cocondenser", "retromae"):
         tree = recipe_pretraining(method, runs)
-        if steps is not None:
-            tree["optim"] = {**tree["optim"], "max_steps": steps}
+        tree["optim"] = {**tree["optim"], "max_steps": steps}
         tree["log_every"] = 2  # averaged over 2 steps: enough points for a plot of a short run
-        output = runs / f"scifact-pretrain-{steps or 'epoch'}" / method
+        output = runs / f"scifact-pretrain-{steps}" / method
         state = run_pretraining(
             validate_config({**tree, "device": "cpu"}, PretrainConfig, method), output, resume=True,
             show_progress=False,
         )  # fmt: skip
-        log = results / f"scifact_pretrain_{method}_log.jsonl"
-        shutil.copyfile(output / "train_log.jsonl", log)
-        plot_curves(log, results / f"scifact_pretrain_{method}.png", title=f"{method} on the SciFact corpus")
-        records = [json.loads(line) for line in log.read_text().splitlines()]
-        losses = [r["loss"] for r in records if "loss" in r]
+        losses = keep_log(output, results / f"scifact_pretrain_{method}", f"{method} on the SciFact corpus")
         rows[method] = {
-            "steps": state["step"], "seconds": round(state["elapsed_s"], 1),
-            "first_logged_loss": round(losses[0], 4), "last_logged_loss": round(losses[-1], 4),
+            "steps": state["step"], "seconds": round(state["elapsed_s"], 1), **losses,
             "settings": {k: tree[k] for k in tree if k not in ("data", "checkpoint")},
         }  # fmt: skip
         print(method, json.dumps({k: v for k, v in rows[method].items() if k != "settings"}), flush=True)
     return rows
 
 
-def recipe_scores(runs: Path) -> dict:
-    """Run (or finish) the three recipes; their test nDCG@10 and wall-clock."""
+def recipe_scores(runs: Path, results: Path) -> dict:
+    """Run (or finish) the three recipes; their test nDCG@10, wall-clock and pre-training losses."""
     rows = {}
     for name, recipe in RECIPES.items():
         out = runs / f"scifact-{name}"
@@ -84,6 +87,11 @@ def recipe_scores(runs: Path) -> dict:
             "pretrain_seconds": timings.get("pretrain"),
             "total_seconds": round(sum(timings.values()), 1),
         }
+        if (out / "pretrained").is_dir():
+            title = f"{name} pre-training in recipes/scifact-{name}.yaml"
+            rows[name]["pretraining"] = keep_log(
+                out / "pretrained", results / f"scifact_recipe_{name}", title
+            )
         print(name, json.dumps(rows[name]), flush=True)
     return rows
 
@@ -93,21 +101,26 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=Path, default=Path("runs"))
-    parser.add_argument("--steps", type=int, default=None, help="pre-training steps per method")
-    parser.add_argument("--recipes", action="store_true", help="also run the recipes and collect nDCG@10")
+    parser.add_argument("--steps", type=int, default=None, help="pre-train each method this many steps")
+    parser.add_argument("--recipes", action="store_true", help="run the recipes and collect nDCG@10")
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
+    if args.steps is None and not args.recipes:
+        parser.error("say what to measure: --steps N (pre-training losses), --recipes (nDCG@10), or both")
 
     output_file = args.results / "scifact_pretraining.json"
     output = json.loads(output_file.read_text()) if output_file.is_file() else {}
     output.update(
-        benchmark="scifact_pretraining", model="sentence-transformers/all-MiniLM-L6-v2",
-        losses=pretrain_losses(args.runs, args.results, args.steps), machine=machine_info(),
-    )  # fmt: skip
-    output_file.write_text(json.dumps(output, indent=2) + "\n")
+        benchmark="scifact_pretraining",
+        model="sentence-transformers/all-MiniLM-L6-v2",
+        machine=machine_info(),
+    )
+    if args.steps is not None:
+        output.update(losses=pretrain_losses(args.runs, args.results, args.steps))
+        output_file.write_text(json.dumps(output, indent=2) + "\n")
     if args.recipes:
         output["fine-tuning"] = "two-round budget: 3 epochs a round, batch 32, group 2, lr 2e-5"
-        output["recipes"] = recipe_scores(args.runs)
+        output["recipes"] = recipe_scores(args.runs, args.results)
         output_file.write_text(json.dumps(output, indent=2) + "\n")
 
 
