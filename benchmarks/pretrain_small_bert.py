@@ -3,9 +3,10 @@
 A randomly initialised BERT (4 layers, hidden 256, the bundled all-MiniLM-L6-v2 vocabulary) is
 pre-trained on a collection's own corpus with each method for the same number of steps (same data,
 batch, length and learning rate), then used zero-shot (CLS pooling, exact search) on that
-collection's test queries. "none" is the random model itself. Run from the repository root:
+collection's test queries, scored by inner product (as exported) and by cosine. "none" is the random
+model itself. Run from the repository root:
 
-    .venv/bin/python -m benchmarks.pretrain_small_bert --collections vaswani cranfield --steps 600
+    .venv/bin/python -m benchmarks.pretrain_small_bert --collections cranfield vaswani --steps 400
 
 Runs live under `--runs` (one folder per collection, method and step budget) and resume: a killed
 benchmark started again continues where each run stopped, and finished runs are only re-evaluated.
@@ -31,6 +32,7 @@ from densekit.pretraining.run import run_pretraining
 from densekit.retrieval.in_memory import evaluate_encoder
 
 METHODS = ["none", "mlm", "condenser", "cocondenser", "retromae"]
+SIMILARITIES = {"inner_product": False, "cosine": True}
 
 
 def random_bert(path: Path, seed: int) -> Path:
@@ -80,12 +82,35 @@ def write_results(args: argparse.Namespace, results: dict) -> None:
         "batch_size": args.batch_size,
         "max_length": 128,
         "learning_rate": 5e-4,
-        "evaluation": "zero-shot, CLS pooling, exact inner product, test split",
+        "evaluation": "zero-shot, CLS pooling, exact search by inner product and by cosine, test split",
         "results": results,
         "machine": machine_info(),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(output, indent=2) + "\n")
+
+
+def plot_results(results: dict[str, dict], path: Path, steps: int) -> None:
+    """Bars of zero-shot nDCG@10 per collection and method, one panel per similarity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(SIMILARITIES), figsize=(10, 4), sharey=True)
+    width = 0.8 / len(METHODS)
+    for axis, similarity in zip(axes, SIMILARITIES, strict=True):
+        for offset, method in enumerate(METHODS):
+            heights = [results[c].get(method, {}).get(similarity, {}).get("nDCG@10", 0.0) for c in results]
+            positions = [i + (offset - (len(METHODS) - 1) / 2) * width for i in range(len(results))]
+            axis.bar(positions, heights, width, label=method)
+        axis.set_xticks(range(len(results)), list(results))
+        axis.set_title(f"{similarity.replace('_', ' ')}, {steps} steps")
+    axes[0].set_ylabel("zero-shot nDCG@10 (test)")
+    axes[-1].legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def main() -> None:
@@ -121,13 +146,15 @@ def main() -> None:
                 output = args.runs / f"seed{args.seed}" / name / f"{method}-{args.steps}x{args.batch_size}"
                 row = pretrain(method, start_model, data, args.steps, args.batch_size, args.device, output)
                 model = output / "model"
-            encoder = DenseEncoder.load(model, pooling="cls", normalize=False).to(device)
-            scores = evaluate_encoder(encoder, documents, queries, qrels, ["nDCG@10", "R@100"])
-            row.update({k: round(v, 4) for k, v in scores.items()})
+            for similarity, normalize in SIMILARITIES.items():
+                encoder = DenseEncoder.load(model, pooling="cls", normalize=normalize).to(device)
+                scores = evaluate_encoder(encoder, documents, queries, qrels, ["nDCG@10", "R@100"])
+                row[similarity] = {k: round(v, 4) for k, v in scores.items()}
             row["wall_seconds"] = round(time.perf_counter() - began, 1)
             results[name][method] = row
             print(name, method, json.dumps(row), flush=True)
             write_results(args, results)  # after each run: the whole benchmark takes hours on a CPU
+            plot_results(results, args.output.with_suffix(".png"), args.steps)
 
 
 if __name__ == "__main__":
