@@ -101,7 +101,10 @@ def plot_results(results: dict[str, dict], path: Path, steps: int) -> None:
     width = 0.8 / len(METHODS)
     for axis, similarity in zip(axes, SIMILARITIES, strict=True):
         for offset, method in enumerate(METHODS):
-            heights = [results[c].get(method, {}).get(similarity, {}).get("nDCG@10", 0.0) for c in results]
+            # a run not yet measured gets no bar (NaN), not a bar of zero
+            heights = [
+                results[c].get(method, {}).get(similarity, {}).get("nDCG@10", float("nan")) for c in results
+            ]
             positions = [i + (offset - (len(METHODS) - 1) / 2) * width for i in range(len(results))]
             axis.bar(positions, heights, width, label=method)
         axis.set_xticks(range(len(results)), list(results))
