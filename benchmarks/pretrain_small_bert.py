@@ -8,6 +8,8 @@ model itself. Run from the repository root:
 
     .venv/bin/python -m benchmarks.pretrain_small_bert --collections cranfield vaswani --steps 400
 
+`--methods` picks some of the methods; `--curve-every N` keeps a checkpoint every N steps and scores
+each one zero-shot too, for a plot of nDCG@10 against pre-training steps (`<output>_curve.png`).
 Runs live under `--runs` (one folder per collection, method and step budget) and resume: a killed
 benchmark started again continues where each run stopped, and finished runs are only re-evaluated.
 """
@@ -52,8 +54,12 @@ def random_bert(path: Path, seed: int) -> Path:
     return path
 
 
-def pretrain(method: str, model: Path, data: Path, steps: int, batch: int, device: str, output: Path) -> dict:
-    """Pre-train `model` on `data`'s corpus with `method` (resuming a run in `output`); time and losses."""
+def pretrain(
+    method: str, model: Path, data: Path, steps: int, batch: int, device: str, output: Path, every: int
+) -> dict:
+    """Pre-train `model` on `data`'s corpus with `method` (resuming a run in `output`); time and losses.
+
+    A checkpoint is kept every `every` steps (the zero-shot curve reads their models)."""
     tree = {
         "method": method,
         "model": {"path": str(model), "max_length": 128},
@@ -62,7 +68,7 @@ def pretrain(method: str, model: Path, data: Path, steps: int, batch: int, devic
         "cocondenser": {"span_min": 16, "span_max": 64},
         "masking": {"ratio": 0.3 if method == "retromae" else 0.15},
         "optim": {"max_steps": steps, "batch_size": batch, "learning_rate": 5e-4, "warmup_ratio": 0.1},
-        "checkpoint": {"every": steps},
+        "checkpoint": {"every": every, "keep": steps // every + 1},
         "log_every": 10,
         "device": device,
     }
@@ -71,6 +77,25 @@ def pretrain(method: str, model: Path, data: Path, steps: int, batch: int, devic
     records = [json.loads(line) for line in (output / "train_log.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
     return {"seconds": round(state["elapsed_s"], 1), "first_loss": losses[0], "last_loss": losses[-1]}
+
+
+def zero_shot(model: Path, normalize: bool, documents, queries, qrels, device) -> dict[str, float]:
+    """Zero-shot nDCG@10 and R@100 of `model` with CLS pooling (cosine when `normalize`)."""
+    encoder = DenseEncoder.load(model, pooling="cls", normalize=normalize).to(device)
+    scores = evaluate_encoder(encoder, documents, queries, qrels, ["nDCG@10", "R@100"])
+    return {k: round(v, 4) for k, v in scores.items()}
+
+
+def zero_shot_curve(output: Path, documents, queries, qrels, device) -> dict[int, float]:
+    """Inner-product nDCG@10 of every kept checkpoint of a run, by step (cached in the run folder)."""
+    cache = output / "zero_shot_curve.json"
+    curve = {int(k): v for k, v in json.loads(cache.read_text()).items()} if cache.is_file() else {}
+    for folder in sorted((output / "checkpoints").glob("step-*")):
+        step = int(folder.name.split("-")[1])
+        if step not in curve:
+            curve[step] = zero_shot(folder / "model", False, documents, queries, qrels, device)["nDCG@10"]
+            cache.write_text(json.dumps(curve))
+    return dict(sorted(curve.items()))
 
 
 def write_results(args: argparse.Namespace, results: dict) -> None:
@@ -116,13 +141,47 @@ def plot_results(results: dict[str, dict], path: Path, steps: int) -> None:
     plt.close(figure)
 
 
+def plot_zero_shot_curves(results: dict[str, dict], path: Path) -> None:
+    """Zero-shot nDCG@10 (inner product) against pre-training steps, one panel per collection; the
+    random model is step 0 and a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for axis, (collection, rows) in zip(axes[0], results.items(), strict=True):
+        start = rows.get("none", {}).get("inner_product", {}).get("nDCG@10")
+        if start is not None:
+            axis.axhline(start, color="grey", linestyle="--", label="none (random)")
+        for method, row in rows.items():
+            if "curve_nDCG@10" in row:
+                curve = {int(step): value for step, value in row["curve_nDCG@10"].items()}
+                if start is not None:
+                    curve = {0: start, **curve}
+                color = f"C{METHODS.index(method)}"  # one colour per method in every panel
+                axis.plot(list(curve), list(curve.values()), marker="o", color=color, label=method)
+        axis.set_title(collection)
+        axis.set_xlabel("pre-training steps")
+        axis.legend(fontsize="small")
+    axes[0][0].set_ylabel("zero-shot nDCG@10 (test, inner product)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--data-root", type=Path, default=Path("../shared/data"))
     parser.add_argument("--collections", nargs="+", default=["vaswani", "cranfield"])
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS)
     parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument(
+        "--curve-every", type=int, default=0,
+        help="keep a checkpoint every N steps and score each zero-shot (0: the final model only)",
+    )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (auto: a GPU where there is one)")
@@ -141,23 +200,28 @@ def main() -> None:
         documents = list(dataset.iter_corpus())
         queries, qrels = dataset.split_queries("test")
         results[name] = {}
-        for method in METHODS:
+        for method in [m for m in METHODS if m in args.methods]:
             began = time.perf_counter()
             row: dict = {}
             model = start_model
             if method != "none":
                 output = args.runs / f"seed{args.seed}" / name / f"{method}-{args.steps}x{args.batch_size}"
-                row = pretrain(method, start_model, data, args.steps, args.batch_size, args.device, output)
+                every = args.curve_every or args.steps
+                row = pretrain(
+                    method, start_model, data, args.steps, args.batch_size, args.device, output, every
+                )
                 model = output / "model"
             for similarity, normalize in SIMILARITIES.items():
-                encoder = DenseEncoder.load(model, pooling="cls", normalize=normalize).to(device)
-                scores = evaluate_encoder(encoder, documents, queries, qrels, ["nDCG@10", "R@100"])
-                row[similarity] = {k: round(v, 4) for k, v in scores.items()}
+                row[similarity] = zero_shot(model, normalize, documents, queries, qrels, device)
+            if method != "none" and args.curve_every:
+                row["curve_nDCG@10"] = zero_shot_curve(output, documents, queries, qrels, device)
             row["wall_seconds"] = round(time.perf_counter() - began, 1)
             results[name][method] = row
             print(name, method, json.dumps(row), flush=True)
             write_results(args, results)  # after each run: the whole benchmark takes hours on a CPU
             plot_results(results, args.output.with_suffix(".png"), args.steps)
+            if args.curve_every:
+                plot_zero_shot_curves(results, args.output.with_name(args.output.stem + "_curve.png"))
 
 
 if __name__ == "__main__":
