@@ -122,16 +122,17 @@ def plot_results(results: dict[str, dict], path: Path, steps: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    methods = [m for m in METHODS if any(m in rows for rows in results.values())]
     figure, axes = plt.subplots(1, len(SIMILARITIES), figsize=(10, 4), sharey=True)
-    width = 0.8 / len(METHODS)
+    width = 0.8 / len(methods)
     for axis, similarity in zip(axes, SIMILARITIES, strict=True):
-        for offset, method in enumerate(METHODS):
+        for offset, method in enumerate(methods):
             # a run not yet measured gets no bar (NaN), not a bar of zero
             heights = [
                 results[c].get(method, {}).get(similarity, {}).get("nDCG@10", float("nan")) for c in results
             ]
-            positions = [i + (offset - (len(METHODS) - 1) / 2) * width for i in range(len(results))]
-            axis.bar(positions, heights, width, label=method)
+            positions = [i + (offset - (len(methods) - 1) / 2) * width for i in range(len(results))]
+            axis.bar(positions, heights, width, label=method, color=f"C{METHODS.index(method)}")
         axis.set_xticks(range(len(results)), list(results))
         axis.set_title(f"{similarity.replace('_', ' ')}, {steps} steps")
     axes[0].set_ylabel("zero-shot nDCG@10 (test)")
