@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
 from densekit.encoding.device import resolve_device
+from densekit.io.atomic import write_text_atomic
 from densekit.models import DenseEncoder, resolve_model_path
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
@@ -86,15 +88,25 @@ def zero_shot(model: Path, normalize: bool, documents, queries, qrels, device) -
     return {k: round(v, 4) for k, v in scores.items()}
 
 
-def zero_shot_curve(output: Path, documents, queries, qrels, device) -> dict[int, float]:
-    """Inner-product nDCG@10 of every kept checkpoint of a run, by step (cached in the run folder)."""
+def zero_shot_curve(
+    output: Path, steps: int, every: int, documents, queries, qrels, device
+) -> dict[int, float]:
+    """Inner-product nDCG@10 of every kept checkpoint of a run, by step (cached in the run folder).
+
+    A run made without `--curve-every` kept only its last checkpoint: the steps it lacks are named
+    on stderr rather than left out of the curve unsaid."""
     cache = output / "zero_shot_curve.json"
     curve = {int(k): v for k, v in json.loads(cache.read_text()).items()} if cache.is_file() else {}
     for folder in sorted((output / "checkpoints").glob("step-*")):
         step = int(folder.name.split("-")[1])
         if step not in curve:
             curve[step] = zero_shot(folder / "model", False, documents, queries, qrels, device)["nDCG@10"]
-            cache.write_text(json.dumps(curve))
+            write_text_atomic(cache, json.dumps(curve))
+    missing = sorted({*range(every, steps + 1, every), steps} - set(curve))
+    if missing:
+        print(
+            f"warning: {output} has no checkpoint at steps {missing}; the curve lacks them", file=sys.stderr
+        )
     return dict(sorted(curve.items()))
 
 
@@ -215,7 +227,9 @@ def main() -> None:
             for similarity, normalize in SIMILARITIES.items():
                 row[similarity] = zero_shot(model, normalize, documents, queries, qrels, device)
             if method != "none" and args.curve_every:
-                row["curve_nDCG@10"] = zero_shot_curve(output, documents, queries, qrels, device)
+                row["curve_nDCG@10"] = zero_shot_curve(
+                    output, args.steps, args.curve_every, documents, queries, qrels, device
+                )
             row["wall_seconds"] = round(time.perf_counter() - began, 1)
             results[name][method] = row
             print(name, method, json.dumps(row), flush=True)
