@@ -8,10 +8,14 @@ model itself. Run from the repository root:
 
     .venv/bin/python -m benchmarks.pretrain_small_bert --collections cranfield vaswani --steps 400
 
-`--methods` picks some of the methods; `--curve-every N` keeps a checkpoint every N steps and scores
-each one zero-shot too, for a plot of nDCG@10 against pre-training steps (`<output>_curve.png`).
+`--methods` picks some of the methods; `--spans MIN MAX` sets coCondenser's span lengths in tokens
+(default 16 64; other lengths get their own run folder); `--curve-every N` keeps a checkpoint every
+N steps and scores each one zero-shot too, for a plot of nDCG@10 against pre-training steps
+(`<output>_curve.png`).
 Runs live under `--runs` (one folder per collection, method and step budget) and resume: a killed
 benchmark started again continues where each run stopped, and finished runs are only re-evaluated.
+The results file keeps the rows of earlier invocations made with the same steps, batch, spans and
+seed, so collections and methods can be run separately into one file.
 """
 
 from __future__ import annotations
@@ -56,8 +60,19 @@ def random_bert(path: Path, seed: int) -> Path:
     return path
 
 
+DEFAULT_SPANS = (16, 64)
+
+
 def pretrain(
-    method: str, model: Path, data: Path, steps: int, batch: int, device: str, output: Path, every: int
+    method: str,
+    model: Path,
+    data: Path,
+    steps: int,
+    batch: int,
+    spans: tuple[int, int],
+    device: str,
+    output: Path,
+    every: int,
 ) -> dict:
     """Pre-train `model` on `data`'s corpus with `method` (resuming a run in `output`); time and losses.
 
@@ -67,7 +82,7 @@ def pretrain(
         "model": {"path": str(model), "max_length": 128},
         "data": {"path": str(data)},
         "condenser": {"skip_from": 2, "head_layers": 2},
-        "cocondenser": {"span_min": 16, "span_max": 64},
+        "cocondenser": {"span_min": spans[0], "span_max": spans[1]},
         "masking": {"ratio": 0.3 if method == "retromae" else 0.15},
         "optim": {"max_steps": steps, "batch_size": batch, "learning_rate": 5e-4, "warmup_ratio": 0.1},
         "checkpoint": {"every": every, "keep": steps // every + 1},
@@ -110,6 +125,23 @@ def zero_shot_curve(
     return dict(sorted(curve.items()))
 
 
+def earlier_results(args: argparse.Namespace) -> dict[str, dict]:
+    """The rows already in the results file, where it was written with the same settings and seed."""
+    if not args.output.is_file():
+        return {}
+    earlier = json.loads(args.output.read_text())
+    settings = (
+        earlier["steps"],
+        earlier["batch_size"],
+        earlier.get("cocondenser_spans", list(DEFAULT_SPANS)),
+        earlier.get("seed", 0),
+    )
+    if settings != (args.steps, args.batch_size, list(args.spans), args.seed):
+        print(f"warning: {args.output} was written with other settings; it is replaced", file=sys.stderr)
+        return {}
+    return earlier["results"]
+
+
 def write_results(args: argparse.Namespace, results: dict) -> None:
     """Write what has been measured so far."""
     output = {
@@ -119,6 +151,8 @@ def write_results(args: argparse.Namespace, results: dict) -> None:
         "batch_size": args.batch_size,
         "max_length": 128,
         "learning_rate": 5e-4,
+        "cocondenser_spans": list(args.spans),
+        "seed": args.seed,
         "evaluation": "zero-shot, CLS pooling, exact search by inner product and by cosine, test split",
         "results": results,
         "machine": machine_info(),
@@ -127,7 +161,12 @@ def write_results(args: argparse.Namespace, results: dict) -> None:
     args.output.write_text(json.dumps(output, indent=2) + "\n")
 
 
-def plot_results(results: dict[str, dict], path: Path, steps: int) -> None:
+def method_label(method: str, spans: list[int]) -> str:
+    """A method's name in the plots, with coCondenser's span lengths."""
+    return f"{method} (spans {spans[0]}-{spans[1]})" if method == "cocondenser" else method
+
+
+def plot_results(results: dict[str, dict], path: Path, steps: int, spans: list[int]) -> None:
     """Bars of zero-shot nDCG@10 per collection and method, one panel per similarity."""
     import matplotlib
 
@@ -144,7 +183,13 @@ def plot_results(results: dict[str, dict], path: Path, steps: int) -> None:
                 results[c].get(method, {}).get(similarity, {}).get("nDCG@10", float("nan")) for c in results
             ]
             positions = [i + (offset - (len(methods) - 1) / 2) * width for i in range(len(results))]
-            axis.bar(positions, heights, width, label=method, color=f"C{METHODS.index(method)}")
+            axis.bar(
+                positions,
+                heights,
+                width,
+                label=method_label(method, spans),
+                color=f"C{METHODS.index(method)}",
+            )
         axis.set_xticks(range(len(results)), list(results))
         axis.set_title(f"{similarity.replace('_', ' ')}, {steps} steps")
     axes[0].set_ylabel("zero-shot nDCG@10 (test)")
@@ -154,7 +199,7 @@ def plot_results(results: dict[str, dict], path: Path, steps: int) -> None:
     plt.close(figure)
 
 
-def plot_zero_shot_curves(results: dict[str, dict], path: Path) -> None:
+def plot_zero_shot_curves(results: dict[str, dict], path: Path, spans: list[int]) -> None:
     """Zero-shot nDCG@10 (inner product) against pre-training steps, one panel per collection; the
     random model is step 0 and a dashed line."""
     import matplotlib
@@ -173,7 +218,13 @@ def plot_zero_shot_curves(results: dict[str, dict], path: Path) -> None:
                 if start is not None:
                     curve = {0: start, **curve}
                 color = f"C{METHODS.index(method)}"  # one colour per method in every panel
-                axis.plot(list(curve), list(curve.values()), marker="o", color=color, label=method)
+                axis.plot(
+                    list(curve),
+                    list(curve.values()),
+                    marker="o",
+                    color=color,
+                    label=method_label(method, spans),
+                )
         axis.set_title(collection)
         axis.set_xlabel("pre-training steps")
         axis.legend(fontsize="small")
@@ -181,6 +232,16 @@ def plot_zero_shot_curves(results: dict[str, dict], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def run_name(method: str, args: argparse.Namespace) -> str:
+    """The run folder of `method`: its steps and batch, and coCondenser's spans where not the default."""
+    spans = (
+        f"-spans{args.spans[0]}-{args.spans[1]}"
+        if method == "cocondenser" and tuple(args.spans) != DEFAULT_SPANS
+        else ""
+    )
+    return f"{method}{spans}-{args.steps}x{args.batch_size}"
 
 
 def main() -> None:
@@ -196,6 +257,10 @@ def main() -> None:
         help="keep a checkpoint every N steps and score each zero-shot (0: the final model only)",
     )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--spans", type=int, nargs=2, default=list(DEFAULT_SPANS), metavar=("MIN", "MAX"),
+        help="coCondenser's span lengths in tokens",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (auto: a GPU where there is one)")
     parser.add_argument("--runs", type=Path, default=Path("runs/small-bert"))
@@ -204,7 +269,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    results: dict[str, dict] = {}
+    results = earlier_results(args)
     device = resolve_device(args.device)
     start_model = random_bert(args.runs / f"random-seed{args.seed}", args.seed)
     for name in args.collections:
@@ -212,17 +277,18 @@ def main() -> None:
         dataset = Dataset.open(data)
         documents = list(dataset.iter_corpus())
         queries, qrels = dataset.split_queries("test")
-        results[name] = {}
+        results.setdefault(name, {})
         for method in [m for m in METHODS if m in args.methods]:
             began = time.perf_counter()
             row: dict = {}
             model = start_model
             if method != "none":
-                output = args.runs / f"seed{args.seed}" / name / f"{method}-{args.steps}x{args.batch_size}"
+                output = args.runs / f"seed{args.seed}" / name / run_name(method, args)
                 every = args.curve_every or args.steps
                 row = pretrain(
-                    method, start_model, data, args.steps, args.batch_size, args.device, output, every
-                )
+                    method, start_model, data, args.steps, args.batch_size, tuple(args.spans), args.device,
+                    output, every,
+                )  # fmt: skip
                 model = output / "model"
             for similarity, normalize in SIMILARITIES.items():
                 row[similarity] = zero_shot(model, normalize, documents, queries, qrels, device)
@@ -234,9 +300,11 @@ def main() -> None:
             results[name][method] = row
             print(name, method, json.dumps(row), flush=True)
             write_results(args, results)  # after each run: the whole benchmark takes hours on a CPU
-            plot_results(results, args.output.with_suffix(".png"), args.steps)
+            plot_results(results, args.output.with_suffix(".png"), args.steps, args.spans)
             if args.curve_every:
-                plot_zero_shot_curves(results, args.output.with_name(args.output.stem + "_curve.png"))
+                plot_zero_shot_curves(
+                    results, args.output.with_name(args.output.stem + "_curve.png"), args.spans
+                )
 
 
 if __name__ == "__main__":

@@ -210,3 +210,18 @@ def test_pretraining_resumes_exactly(corpus_file: Path, tiny_model: Path, tmp_pa
         str(tmp_path / "resumed" / "checkpoints" / "step-00000004" / "state.safetensors")
     )
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_spans_longer_than_half_the_documents_are_warned_of(
+    corpus_file: Path, tiny_model: Path, caplog: pytest.LogCaptureFixture
+):
+    with caplog.at_level("WARNING", logger="densekit"):
+        make_task(make_config(corpus_file, tiny_model, "cocondenser"))  # spans of 4-8 tokens
+    assert "overlap" not in caplog.text
+    with caplog.at_level("WARNING", logger="densekit"):
+        task = make_task(
+            make_config(corpus_file, tiny_model, "cocondenser", cocondenser={"span_min": 10, "span_max": 16})
+        )
+    median = int(np.median([len(ids) for ids in task.corpus.token_ids]))
+    assert median < 20  # both spans take more than half of a typical document
+    assert f"the median document has {median} tokens and spans of 10-16 tokens" in caplog.text

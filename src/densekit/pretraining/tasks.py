@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,8 @@ from densekit.training import distributed
 from densekit.training.grad_cache import cached_backward, split_inputs
 from densekit.training.sampling import local_batch_rows
 
+log = logging.getLogger("densekit")
+
 
 def span_contrastive_loss(cls: torch.Tensor, temperature: float) -> torch.Tensor:
     """coCondenser's corpus-level loss: each span's CLS must pick its sibling (rows 2k and 2k+1).
@@ -32,6 +35,20 @@ def span_contrastive_loss(cls: torch.Tensor, temperature: float) -> torch.Tensor
     scores = scores.masked_fill(torch.eye(len(scores), dtype=torch.bool, device=scores.device), float("-inf"))
     siblings = torch.arange(len(scores), device=scores.device) ^ 1
     return F.cross_entropy(scores, siblings)
+
+
+def warn_if_spans_overlap(corpus: TokenizedCorpus, span_min: int, span_max: int) -> None:
+    """Warn when the median document is so short that its two spans, on average longer than half
+    of it, always overlap: the contrast then matches shared tokens and is learnt without shaping
+    the embedding space (measured on Vaswani, benchmarks/README.md)."""
+    median = int(np.median([len(ids) for ids in corpus.token_ids]))
+    if (span_min + min(span_max, median)) / 2 > median / 2:
+        log.warning(
+            "cocondenser: the median document has %d tokens and spans of %d-%d tokens cover more than "
+            "half of it, so its two spans nearly always overlap; choose span_min and span_max so that "
+            "a span is well under half a document (about a query's length)",
+            median, span_min, span_max,
+        )  # fmt: skip
 
 
 class PretrainTask:
@@ -56,6 +73,8 @@ class PretrainTask:
             self.module = mlm
         if method == "cocondenser" and config.cocondenser.span_max + 2 > config.model.max_length:
             raise ValueError("cocondenser.span_max + 2 special tokens exceed model.max_length")
+        if method == "cocondenser":
+            warn_if_spans_overlap(corpus, config.cocondenser.span_min, config.cocondenser.span_max)
         if len(corpus) < config.optim.batch_size:
             raise ValueError(f"{len(corpus)} documents are fewer than one batch of {config.optim.batch_size}")
 
