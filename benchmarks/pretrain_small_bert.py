@@ -63,33 +63,32 @@ def random_bert(path: Path, seed: int) -> Path:
 DEFAULT_SPANS = (16, 64)
 
 
-def pretrain(
-    method: str,
-    model: Path,
-    data: Path,
-    steps: int,
-    batch: int,
-    spans: tuple[int, int],
-    device: str,
-    output: Path,
-    every: int,
-) -> dict:
-    """Pre-train `model` on `data`'s corpus with `method` (resuming a run in `output`); time and losses.
+def pretrain_config(method: str, model: Path, data: Path, args: argparse.Namespace) -> PretrainConfig:
+    """The validated settings of pre-training `model` on `data`'s corpus with `method`.
 
-    A checkpoint is kept every `every` steps (the zero-shot curve reads their models)."""
+    With `--curve-every`, a checkpoint is kept every that many steps (the zero-shot curve reads their
+    models)."""
+    every = args.curve_every or args.steps
     tree = {
         "method": method,
         "model": {"path": str(model), "max_length": 128},
         "data": {"path": str(data)},
         "condenser": {"skip_from": 2, "head_layers": 2},
-        "cocondenser": {"span_min": spans[0], "span_max": spans[1]},
+        "cocondenser": {"span_min": args.spans[0], "span_max": args.spans[1]},
         "masking": {"ratio": 0.3 if method == "retromae" else 0.15},
-        "optim": {"max_steps": steps, "batch_size": batch, "learning_rate": 5e-4, "warmup_ratio": 0.1},
-        "checkpoint": {"every": every, "keep": steps // every + 1},
+        "optim": {
+            "max_steps": args.steps, "batch_size": args.batch_size,
+            "learning_rate": 5e-4, "warmup_ratio": 0.1,
+        },
+        "checkpoint": {"every": every, "keep": args.steps // every + 1},
         "log_every": 10,
-        "device": device,
-    }
-    config = validate_config(tree, PretrainConfig, method)
+        "device": args.device,
+    }  # fmt: skip
+    return validate_config(tree, PretrainConfig, f"{method} on {data}")
+
+
+def pretrain(config: PretrainConfig, output: Path) -> dict:
+    """Run (or resume in `output`) one pre-training; its time and first and last losses."""
     state = run_pretraining(config, output, resume=True, show_progress=False)
     records = [json.loads(line) for line in (output / "train_log.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
@@ -158,7 +157,7 @@ def write_results(args: argparse.Namespace, results: dict) -> None:
         "machine": machine_info(),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(output, indent=2) + "\n")
+    write_text_atomic(args.output, json.dumps(output, indent=2) + "\n")  # read back by the next invocation
 
 
 def method_label(method: str, spans: list[int]) -> str:
@@ -272,23 +271,27 @@ def main() -> None:
     results = earlier_results(args)
     device = resolve_device(args.device)
     start_model = random_bert(args.runs / f"random-seed{args.seed}", args.seed)
+    methods = [m for m in METHODS if m in args.methods]
+    # every run's settings checked before the first starts: the benchmark takes hours on a CPU
+    configs = {
+        (name, method): pretrain_config(method, start_model, args.data_root / name, args)
+        for name in args.collections
+        for method in methods
+        if method != "none"
+    }
     for name in args.collections:
         data = args.data_root / name
         dataset = Dataset.open(data)
         documents = list(dataset.iter_corpus())
         queries, qrels = dataset.split_queries("test")
         results.setdefault(name, {})
-        for method in [m for m in METHODS if m in args.methods]:
+        for method in methods:
             began = time.perf_counter()
             row: dict = {}
             model = start_model
             if method != "none":
                 output = args.runs / f"seed{args.seed}" / name / run_name(method, args)
-                every = args.curve_every or args.steps
-                row = pretrain(
-                    method, start_model, data, args.steps, args.batch_size, tuple(args.spans), args.device,
-                    output, every,
-                )  # fmt: skip
+                row = pretrain(configs[name, method], output)
                 model = output / "model"
             for similarity, normalize in SIMILARITIES.items():
                 row[similarity] = zero_shot(model, normalize, documents, queries, qrels, device)

@@ -11,6 +11,7 @@ import safetensors.torch
 import torch
 
 from densekit.configuration import validate_config
+from densekit.data.diagnostics import DataError
 from densekit.models import DenseEncoder
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.config import PretrainConfig
@@ -225,3 +226,9 @@ def test_spans_longer_than_half_the_documents_are_warned_of(
     median = int(np.median([len(ids) for ids in task.corpus.token_ids]))
     assert median < 20  # both spans take more than half of a typical document
     assert f"the median document has {median} tokens and spans of 10-16 tokens" in caplog.text
+
+
+def test_spans_longer_than_the_sequence_are_refused_by_the_config(corpus_file: Path, tiny_model: Path):
+    with pytest.raises(DataError, match=r"span_max \+ 2 special tokens exceed model\.max_length"):
+        make_config(corpus_file, tiny_model, "cocondenser", cocondenser={"span_max": 23})
+    make_config(corpus_file, tiny_model, "cocondenser", cocondenser={"span_max": 22})  # 22 + 2 = 24 fits

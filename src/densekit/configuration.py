@@ -50,10 +50,10 @@ def validate_config(tree: dict[str, Any], model: type[ConfigT], source: Path | s
     try:
         return model.model_validate(tree)
     except ValidationError as err:
-        problems = [
-            Problem(Path(source), None, f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
-            for e in err.errors()
-        ]
+        problems = []
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"])  # empty for a check across sections
+            problems.append(Problem(Path(source), None, f"{key}: {e['msg']}" if key else e["msg"]))
         raise DataError(problems) from None
 
 

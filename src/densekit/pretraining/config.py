@@ -79,3 +79,9 @@ class PretrainConfig(RunConfig):
         if self.grad_cache.enabled and self.method != "cocondenser":
             raise ValueError("grad_cache applies to cocondenser's contrastive loss only")
         return self
+
+    @model_validator(mode="after")
+    def _spans_fit_the_sequence(self) -> PretrainConfig:
+        if self.method == "cocondenser" and self.cocondenser.span_max + 2 > self.model.max_length:
+            raise ValueError("cocondenser.span_max + 2 special tokens exceed model.max_length")
+        return self
