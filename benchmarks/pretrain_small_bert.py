@@ -11,7 +11,14 @@ model itself. Run from the repository root:
 `--methods` picks some of the methods; `--spans MIN MAX` sets coCondenser's span lengths in tokens
 (default 16 64; other lengths get their own run folder); `--curve-every N` keeps a checkpoint every
 N steps and scores each one zero-shot too, for a plot of nDCG@10 against pre-training steps
-(`<output>_curve.png`).
+(`<output>_curve.png`). `--fine-tune RECIPE` then runs that recipe (the SciFact two-round one: the
+collection needs a train split) from each model, the random one included, with the CLS vector
+cosine-normalised, passages cut at the pre-training's 128 tokens and `--fine-tune-lr`, and compares
+the fine-tuned test nDCG@10 of each method with MLM's and the random start's (paired randomisation
+test): does the objective add to fine-tuning, beyond plain MLM for the same steps?
+
+    .venv/bin/python -m benchmarks.pretrain_small_bert --collections scifact --steps 500 \
+        --methods none mlm cocondenser retromae --fine-tune recipes/scifact-two-round.yaml
 Runs live under `--runs` (one folder per collection, method and step budget) and resume: a killed
 benchmark started again continues where each run stopped, and finished runs are only re-evaluated.
 The results file keeps the rows of earlier invocations made with the same steps, batch, spans and
@@ -30,6 +37,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from benchmarks.machine import machine_info
+from benchmarks.significance import paired_test, per_query_ndcg
 from densekit.configuration import validate_config
 from densekit.data import Dataset
 from densekit.encoding.device import resolve_device
@@ -37,6 +45,7 @@ from densekit.io.atomic import write_text_atomic
 from densekit.models import DenseEncoder, resolve_model_path
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
+from densekit.recipes.runner import run_recipe
 from densekit.retrieval.in_memory import evaluate_encoder
 
 METHODS = ["none", "mlm", "condenser", "cocondenser", "retromae"]
@@ -124,6 +133,37 @@ def zero_shot_curve(
     return dict(sorted(curve.items()))
 
 
+def fine_tune(recipe: Path, model: Path, data: Path, output: Path, learning_rate: float) -> dict:
+    """Run (or finish) `recipe` in `output` from `model` on `data`: its test nDCG@10 after round 1 and
+    at the end, its wall-clock and its test run."""
+    overrides = [
+        f"data.path={data}", f"model.path={model}", "model.passage_max_length=128",
+        f"train.learning_rate={learning_rate}", "steps.round1.config.model.pooling=cls",
+        "steps.round1.config.model.normalize=true",
+    ]  # fmt: skip
+    metrics = run_recipe(recipe, output, overrides)
+    timings = json.loads((output / "timings.json").read_text())
+    return {
+        "command": " ".join(["densekit run", str(recipe), "--out", str(output), *overrides]),
+        "round1_nDCG@10": round(json.loads((output / "round1-test.json").read_text())["nDCG@10"], 4),
+        "nDCG@10": round(metrics["nDCG@10"], 4),
+        "seconds": round(sum(timings.values()), 1),
+        "run": str(output / "test.trec"),
+    }
+
+
+def compare_fine_tuned(rows: dict[str, dict], qrels) -> None:
+    """Add to each fine-tuned row a paired test of its per-query nDCG@10 against MLM's and the random
+    start's."""
+    tuned = {
+        m: per_query_ndcg(qrels, Path(r["fine_tune"]["run"])) for m, r in rows.items() if "fine_tune" in r
+    }
+    for method, scores in tuned.items():
+        for control in ("mlm", "none"):
+            if control in tuned and control != method:
+                rows[method]["fine_tune"][f"against_{control}"] = paired_test(tuned[control], scores)
+
+
 def earlier_results(args: argparse.Namespace) -> dict[str, dict]:
     """The rows already in the results file, where it was written with the same settings and seed."""
     if not args.output.is_file():
@@ -143,6 +183,9 @@ def earlier_results(args: argparse.Namespace) -> dict[str, dict]:
 
 def write_results(args: argparse.Namespace, results: dict) -> None:
     """Write what has been measured so far."""
+    fine_tuning = (
+        {"recipe": str(args.fine_tune), "learning_rate": args.fine_tune_lr} if args.fine_tune else None
+    )
     output = {
         "benchmark": "pretrain_small_bert",
         "model": "random BERT, 4 layers, hidden 256, 4 heads, bundled all-MiniLM-L6-v2 vocabulary",
@@ -153,6 +196,7 @@ def write_results(args: argparse.Namespace, results: dict) -> None:
         "cocondenser_spans": list(args.spans),
         "seed": args.seed,
         "evaluation": "zero-shot, CLS pooling, exact search by inner product and by cosine, test split",
+        "fine_tune": fine_tuning,
         "results": results,
         "machine": machine_info(),
     }
@@ -233,8 +277,39 @@ def plot_zero_shot_curves(results: dict[str, dict], path: Path, spans: list[int]
     plt.close(figure)
 
 
+def plot_fine_tuned(results: dict[str, dict], path: Path, steps: int) -> None:
+    """Bars of test nDCG@10 per method: zero-shot, after round 1 and after round 2 of the fine-tune,
+    one panel per collection that was fine-tuned on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tuned = {c: rows for c, rows in results.items() if any("fine_tune" in r for r in rows.values())}
+    figure, axes = plt.subplots(1, len(tuned), figsize=(6 * len(tuned), 4), squeeze=False)
+    stages = {"zero-shot": lambda r: r["inner_product"]["nDCG@10"],
+              "round 1": lambda r: r["fine_tune"]["round1_nDCG@10"],
+              "two rounds": lambda r: r["fine_tune"]["nDCG@10"]}  # fmt: skip
+    width = 0.8 / len(stages)
+    for axis, (collection, rows) in zip(axes[0], tuned.items(), strict=True):
+        methods = [m for m in METHODS if "fine_tune" in rows.get(m, {})]
+        for offset, (stage, value) in enumerate(stages.items()):
+            positions = [i + (offset - (len(stages) - 1) / 2) * width for i in range(len(methods))]
+            axis.bar(positions, [value(rows[m]) for m in methods], width, label=stage)
+        axis.set_xticks(range(len(methods)), [f"{m}\n({steps} steps)" if m != "none" else m for m in methods])
+        axis.set_title(f"{collection}: pre-trained, then fine-tuned")
+    axes[0][0].set_ylabel("nDCG@10 (test)")
+    axes[0][-1].legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def run_name(method: str, args: argparse.Namespace) -> str:
-    """The run folder of `method`: its steps and batch, and coCondenser's spans where not the default."""
+    """The run folder of `method`: its steps and batch, and coCondenser's spans where not the default
+    ("none" trains nothing: its folder holds only what is fine-tuned from the random model)."""
+    if method == "none":
+        return "none"
     spans = (
         f"-spans{args.spans[0]}-{args.spans[1]}"
         if method == "cocondenser" and tuple(args.spans) != DEFAULT_SPANS
@@ -261,6 +336,11 @@ def main() -> None:
         help="coCondenser's span lengths in tokens",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fine-tune", type=Path, default=None, metavar="RECIPE",
+        help="fine-tune every model with this recipe afterwards (needs a train split)",
+    )  # fmt: skip
+    parser.add_argument("--fine-tune-lr", type=float, default=1e-4, help="the fine-tune's learning rate")
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (auto: a GPU where there is one)")
     parser.add_argument("--runs", type=Path, default=Path("runs/small-bert"))
     parser.add_argument(
@@ -289,8 +369,8 @@ def main() -> None:
             began = time.perf_counter()
             row: dict = {}
             model = start_model
+            output = args.runs / f"seed{args.seed}" / name / run_name(method, args)
             if method != "none":
-                output = args.runs / f"seed{args.seed}" / name / run_name(method, args)
                 row = pretrain(configs[name, method], output)
                 model = output / "model"
             for similarity, normalize in SIMILARITIES.items():
@@ -305,6 +385,13 @@ def main() -> None:
             else:
                 row["wall_seconds"] = round(time.perf_counter() - began, 1)
             results[name][method] = row
+            if args.fine_tune:
+                tuned = output.with_name(f"{output.name}-then-{args.fine_tune.stem}-lr{args.fine_tune_lr:g}")
+                row["fine_tune"] = fine_tune(args.fine_tune, model, data, tuned, args.fine_tune_lr)
+                compare_fine_tuned(results[name], qrels)
+                plot_fine_tuned(
+                    results, args.output.with_name(args.output.stem + "_fine_tune.png"), args.steps
+                )
             print(name, method, json.dumps(row), flush=True)
             write_results(args, results)  # after each run: the whole benchmark takes hours on a CPU
             plot_results(results, args.output.with_suffix(".png"), args.steps, args.spans)
