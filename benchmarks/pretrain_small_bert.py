@@ -19,10 +19,11 @@ test): does the objective add to fine-tuning, beyond plain MLM for the same step
 
     .venv/bin/python -m benchmarks.pretrain_small_bert --collections scifact --steps 500 \
         --methods none mlm cocondenser retromae --fine-tune recipes/scifact-two-round.yaml
+
 Runs live under `--runs` (one folder per collection, method and step budget) and resume: a killed
 benchmark started again continues where each run stopped, and finished runs are only re-evaluated.
-The results file keeps the rows of earlier invocations made with the same steps, batch, spans and
-seed, so collections and methods can be run separately into one file.
+The results file keeps the rows of earlier invocations made with the same steps, batch, spans, seed
+and fine-tune, so collections and methods can be run separately into one file.
 """
 
 from __future__ import annotations
@@ -164,6 +165,11 @@ def compare_fine_tuned(rows: dict[str, dict], qrels) -> None:
                 rows[method]["fine_tune"][f"against_{control}"] = paired_test(tuned[control], scores)
 
 
+def fine_tune_settings(args: argparse.Namespace) -> dict | None:
+    """The fine-tune's recipe and learning rate, as the results file records them (None: no fine-tune)."""
+    return {"recipe": str(args.fine_tune), "learning_rate": args.fine_tune_lr} if args.fine_tune else None
+
+
 def earlier_results(args: argparse.Namespace) -> dict[str, dict]:
     """The rows already in the results file, where it was written with the same settings and seed."""
     if not args.output.is_file():
@@ -174,8 +180,9 @@ def earlier_results(args: argparse.Namespace) -> dict[str, dict]:
         earlier["batch_size"],
         earlier.get("cocondenser_spans", list(DEFAULT_SPANS)),
         earlier.get("seed", 0),
+        earlier.get("fine_tune"),
     )
-    if settings != (args.steps, args.batch_size, list(args.spans), args.seed):
+    if settings != (args.steps, args.batch_size, list(args.spans), args.seed, fine_tune_settings(args)):
         print(f"warning: {args.output} was written with other settings; it is replaced", file=sys.stderr)
         return {}
     return earlier["results"]
@@ -183,9 +190,6 @@ def earlier_results(args: argparse.Namespace) -> dict[str, dict]:
 
 def write_results(args: argparse.Namespace, results: dict) -> None:
     """Write what has been measured so far."""
-    fine_tuning = (
-        {"recipe": str(args.fine_tune), "learning_rate": args.fine_tune_lr} if args.fine_tune else None
-    )
     output = {
         "benchmark": "pretrain_small_bert",
         "model": "random BERT, 4 layers, hidden 256, 4 heads, bundled all-MiniLM-L6-v2 vocabulary",
@@ -196,7 +200,7 @@ def write_results(args: argparse.Namespace, results: dict) -> None:
         "cocondenser_spans": list(args.spans),
         "seed": args.seed,
         "evaluation": "zero-shot, CLS pooling, exact search by inner product and by cosine, test split",
-        "fine_tune": fine_tuning,
+        "fine_tune": fine_tune_settings(args),
         "results": results,
         "machine": machine_info(),
     }
