@@ -13,9 +13,10 @@ model itself. Run from the repository root:
 N steps and scores each one zero-shot too, for a plot of nDCG@10 against pre-training steps
 (`<output>_curve.png`). `--fine-tune RECIPE` then runs that recipe (the SciFact two-round one: the
 collection needs a train split) from each model, the random one included, with the CLS vector
-cosine-normalised, passages cut at the pre-training's 128 tokens and `--fine-tune-lr`, and compares
-the fine-tuned test nDCG@10 of each method with MLM's and the random start's (paired randomisation
-test): does the objective add to fine-tuning, beyond plain MLM for the same steps?
+cosine-normalised, passages cut at the pre-training's 128 tokens and `--fine-tune-lr` (default
+1e-4), and compares the fine-tuned test nDCG@10 of each method with MLM's and the random start's
+(paired randomisation test): does the objective add to fine-tuning, beyond plain MLM for the same
+steps?
 
     .venv/bin/python -m benchmarks.pretrain_small_bert --collections scifact --steps 500 \
         --methods none mlm cocondenser retromae --fine-tune recipes/scifact-two-round.yaml
@@ -41,15 +42,17 @@ from benchmarks.machine import machine_info
 from benchmarks.significance import paired_test, per_query_ndcg
 from densekit.configuration import validate_config
 from densekit.data import Dataset
+from densekit.data.diagnostics import DataError
 from densekit.encoding.device import resolve_device
 from densekit.io.atomic import write_text_atomic
 from densekit.models import DenseEncoder, resolve_model_path
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
-from densekit.recipes.runner import run_recipe
+from densekit.recipes.runner import load_recipe, run_recipe
 from densekit.retrieval.in_memory import evaluate_encoder
 
 METHODS = ["none", "mlm", "condenser", "cocondenser", "retromae"]
+MAX_LENGTH = 128  # tokens a document is cut to in pre-training, and a passage in the fine-tune
 SIMILARITIES = {"inner_product": False, "cosine": True}
 
 
@@ -81,7 +84,7 @@ def pretrain_config(method: str, model: Path, data: Path, args: argparse.Namespa
     every = args.curve_every or args.steps
     tree = {
         "method": method,
-        "model": {"path": str(model), "max_length": 128},
+        "model": {"path": str(model), "max_length": MAX_LENGTH},
         "data": {"path": str(data)},
         "condenser": {"skip_from": 2, "head_layers": 2},
         "cocondenser": {"span_min": args.spans[0], "span_max": args.spans[1]},
@@ -134,14 +137,35 @@ def zero_shot_curve(
     return dict(sorted(curve.items()))
 
 
-def fine_tune(recipe: Path, model: Path, data: Path, output: Path, learning_rate: float) -> dict:
-    """Run (or finish) `recipe` in `output` from `model` on `data`: its test nDCG@10 after round 1 and
-    at the end, its wall-clock and its test run."""
-    overrides = [
-        f"data.path={data}", f"model.path={model}", "model.passage_max_length=128",
+def fine_tune_overrides(model: Path, data: Path, learning_rate: float) -> list[str]:
+    """The recipe overrides of fine-tuning `model` on `data`: CLS vector, cosine, pre-training length."""
+    return [
+        f"data.path={data}", f"model.path={model}", f"model.passage_max_length={MAX_LENGTH}",
         f"train.learning_rate={learning_rate}", "steps.round1.config.model.pooling=cls",
         "steps.round1.config.model.normalize=true",
     ]  # fmt: skip
+
+
+def check_fine_tune(recipe: Path, model: Path, data: Path, learning_rate: float, runs: Path) -> None:
+    """Fail now, not after hours of pre-training, where `recipe` cannot run from `model` on `data`:
+    the recipe's own errors (file, YAML, overrides, step settings) and a split it reads that `data`
+    has no judgements for."""
+    try:
+        _, steps = load_recipe(recipe, runs, fine_tune_overrides(model, data, learning_rate))
+    except DataError as err:
+        raise SystemExit(str(err)) from None
+    needed = {step.split for step in steps.values() if getattr(step, "split", None)}
+    missing = sorted(needed - set(Dataset.open(data).splits()))
+    if missing:
+        raise SystemExit(
+            f"error: {recipe} reads the {', '.join(missing)} split of {data}, which has no qrels for it"
+        )
+
+
+def fine_tune(recipe: Path, model: Path, data: Path, output: Path, learning_rate: float) -> dict:
+    """Run (or finish) `recipe` in `output` from `model` on `data`: its test nDCG@10 after round 1 and
+    at the end, its wall-clock and its test run."""
+    overrides = fine_tune_overrides(model, data, learning_rate)
     metrics = run_recipe(recipe, output, overrides)
     timings = json.loads((output / "timings.json").read_text())
     return {
@@ -195,7 +219,7 @@ def write_results(args: argparse.Namespace, results: dict) -> None:
         "model": "random BERT, 4 layers, hidden 256, 4 heads, bundled all-MiniLM-L6-v2 vocabulary",
         "steps": args.steps,
         "batch_size": args.batch_size,
-        "max_length": 128,
+        "max_length": MAX_LENGTH,
         "learning_rate": 5e-4,
         "cocondenser_spans": list(args.spans),
         "seed": args.seed,
@@ -344,7 +368,9 @@ def main() -> None:
         "--fine-tune", type=Path, default=None, metavar="RECIPE",
         help="fine-tune every model with this recipe afterwards (needs a train split)",
     )  # fmt: skip
-    parser.add_argument("--fine-tune-lr", type=float, default=1e-4, help="the fine-tune's learning rate")
+    parser.add_argument(
+        "--fine-tune-lr", type=float, default=None, help="the fine-tune's learning rate (default 1e-4)"
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (auto: a GPU where there is one)")
     parser.add_argument("--runs", type=Path, default=Path("runs/small-bert"))
     parser.add_argument(
@@ -352,6 +378,10 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    if args.fine_tune_lr is not None and args.fine_tune is None:
+        parser.error("--fine-tune-lr sets the learning rate of --fine-tune RECIPE, which is not given")
+    if args.fine_tune_lr is None:
+        args.fine_tune_lr = 1e-4
     results = earlier_results(args)
     device = resolve_device(args.device)
     start_model = random_bert(args.runs / f"random-seed{args.seed}", args.seed)
@@ -363,6 +393,9 @@ def main() -> None:
         for method in methods
         if method != "none"
     }
+    if args.fine_tune:
+        for name in args.collections:
+            check_fine_tune(args.fine_tune, start_model, args.data_root / name, args.fine_tune_lr, args.runs)
     for name in args.collections:
         data = args.data_root / name
         dataset = Dataset.open(data)
