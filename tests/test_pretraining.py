@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import logging.handlers
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +87,27 @@ def test_span_pairs_lie_in_their_document():
         for start, end in sample_span_pair(length, 8, 32, rng):
             assert 0 <= start < end <= length
             assert (end - start == length) if length <= 8 else 8 <= end - start <= 32
+
+
+def test_corpus_keeps_whole_documents_and_their_word_boundaries(tiny_model: Path):
+    tokenizer = MaskedLanguageModel.load(str(tiny_model)).tokenizer
+    long_text = " ".join(["unbelievably interesting volcanoes"] * 300)  # over the model's 512 tokens
+    transformers_log = logging.getLogger("transformers")
+    warnings = logging.handlers.BufferingHandler(capacity=100)
+    transformers_log.addHandler(warnings)
+    try:
+        corpus = tokenize_corpus([long_text, "kittens"], tokenizer, None, show_progress=False)
+    finally:
+        transformers_log.removeHandler(warnings)
+    assert not warnings.buffer  # documents are cut into spans later: no warning about their length
+    expected = tokenizer(long_text, add_special_tokens=False)
+    assert len(corpus.token_ids[0]) > tokenizer.model_max_length
+    assert corpus.token_ids[0].tolist() == expected["input_ids"]
+    assert corpus.word_ids[0].tolist() == expected.word_ids()
+    assert corpus.word_ids[0][0] == corpus.word_ids[0][1]  # "unbelievably" is several pieces of one word
+    truncated = tokenize_corpus([long_text], tokenizer, 5, show_progress=False)
+    assert truncated.token_ids[0].tolist() == expected["input_ids"][:5]
+    assert truncated.word_ids[0].tolist() == expected.word_ids()[:5]
 
 
 def test_decoder_rows_never_see_themselves_and_always_see_the_embedding():

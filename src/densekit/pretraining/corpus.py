@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from densekit.data.dataset import Dataset
@@ -57,23 +58,23 @@ def tokenize_corpus(
     """Tokenize without special tokens, keeping at most `max_tokens` per document (all when None)."""
     if not tokenizer.is_fast:
         raise ValueError("pre-training needs a fast tokenizer, for the word boundaries of whole-word masking")
+    # A copy of the tokenizers backend, without the truncation and padding its file may set: whole
+    # documents are tokenized on purpose (spans are cut later), which transformers' wrapper would warn of.
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
     token_ids, word_ids = [], []
     batch = 1024
     with progress_bar("tokenizing", len(texts), show_progress) as advance:
         for start in range(0, len(texts), batch):
-            encoded = tokenizer(
-                texts[start : start + batch],
-                add_special_tokens=False,
-                truncation=max_tokens is not None,
-                max_length=max_tokens,
-                return_attention_mask=False,
-                return_token_type_ids=False,
-            )
-            for row, ids in enumerate(encoded["input_ids"]):
-                token_ids.append(np.asarray(ids, dtype=np.int64))
-                words = encoded.word_ids(row)
-                word_ids.append(np.asarray([-1 if w is None else w for w in words], dtype=np.int64))
-            advance(len(encoded["input_ids"]))
+            encodings = backend.encode_batch(texts[start : start + batch], add_special_tokens=False)
+            for encoding in encodings:
+                if max_tokens is not None:
+                    encoding.truncate(max_tokens)
+                token_ids.append(np.asarray(encoding.ids, dtype=np.int64))
+                words = [-1 if w is None else w for w in encoding.word_ids]
+                word_ids.append(np.asarray(words, dtype=np.int64))
+            advance(len(encodings))
     empty = sum(len(ids) == 0 for ids in token_ids)
     if empty:
         log.warning("%d documents have no tokens; they are trained on as empty sequences", empty)
