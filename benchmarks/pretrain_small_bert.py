@@ -54,6 +54,7 @@ from densekit.retrieval.in_memory import evaluate_encoder
 METHODS = ["none", "mlm", "condenser", "cocondenser", "retromae"]
 MAX_LENGTH = 128  # tokens a document is cut to in pre-training, and a passage in the fine-tune
 SIMILARITIES = {"inner_product": False, "cosine": True}
+FINE_TUNE_OUTPUTS = ("round1-test.json", "test.json", "test.trec")  # what `fine_tune` reads of a recipe's run
 
 
 def random_bert(path: Path, seed: int) -> Path:
@@ -159,6 +160,13 @@ def check_fine_tune(recipe: Path, model: Path, data: Path, learning_rate: float,
     if missing:
         raise SystemExit(
             f"error: {recipe} reads the {', '.join(missing)} split of {data}, which has no qrels for it"
+        )
+    written = {Path(step.output).name for step in steps.values() if getattr(step, "output", None)}
+    absent = [name for name in FINE_TUNE_OUTPUTS if name not in written]
+    if absent:
+        raise SystemExit(
+            f"error: {recipe} writes no {', '.join(absent)}, which the benchmark reads: it needs a "
+            "two-round recipe like recipes/scifact-two-round.yaml (a test evaluation after each round)"
         )
 
 
