@@ -137,7 +137,7 @@ def main() -> None:
         output = args.out / run
         began = time.perf_counter()
         state = run_training(
-            config_for(run, args.data, args.two_round, args.steps, args.refresh_every), output, resume=True
+            config_for(run, args.data, args.two_round, args.steps, args.refresh_every), output, resume=None
         )
         wall = time.perf_counter() - began
         scores = evaluate_encoder(

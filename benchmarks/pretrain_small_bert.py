@@ -103,7 +103,7 @@ def pretrain_config(method: str, model: Path, data: Path, args: argparse.Namespa
 
 def pretrain(config: PretrainConfig, output: Path) -> dict:
     """Run (or resume in `output`) one pre-training; its time and first and last losses."""
-    state = run_pretraining(config, output, resume=True, show_progress=False)
+    state = run_pretraining(config, output, resume=None, show_progress=False)
     records = [json.loads(line) for line in (output / "train_log.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
     return {"seconds": round(state["elapsed_s"], 1), "first_loss": losses[0], "last_loss": losses[-1]}

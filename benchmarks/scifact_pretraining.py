@@ -75,7 +75,7 @@ def pretrain_losses(runs: Path, results: Path, steps: int) -> dict:
         tree["log_every"] = 2  # averaged over 2 steps: enough points for a plot of a short run
         output = runs / f"scifact-pretrain-{steps}" / method
         state = run_pretraining(
-            validate_config({**tree, "device": "cpu"}, PretrainConfig, method), output, resume=True,
+            validate_config({**tree, "device": "cpu"}, PretrainConfig, method), output, resume=None,
             show_progress=False,
         )  # fmt: skip
         losses = keep_log(output, results / f"scifact_pretrain_{method}", f"{method} on the SciFact corpus")

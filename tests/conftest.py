@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -116,6 +118,13 @@ def beir_dir(tmp_path: Path) -> Path:
 def make_beir(tmp_path: Path) -> Callable[..., Path]:
     """Write a BEIR folder with some parts replaced."""
     return lambda **parts: write_beir(tmp_path / "custom", **parts)
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended, as a killed writer's temporaries carry."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
 
 
 def shared_collection(name: str) -> Path:

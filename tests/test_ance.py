@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -25,7 +26,7 @@ from densekit.training.examples import TrainingExample, read_examples
 from densekit.training.run import run_training
 from densekit.training.trainer import Trainer
 
-from .conftest import write_beir
+from .conftest import dead_pid, write_beir
 from .test_training import make_config
 from .training_fixtures import write_training_collection
 
@@ -75,10 +76,14 @@ def test_a_reader_never_sees_a_partial_version(tmp_path: Path):
     stop.set()
     reader.join()
     assert failures == []
-    (versions.root / ".version-000025.tmp-dead").mkdir()  # what a killed publisher leaves
-    (versions.root / ".version-000025.tmp-dead" / "examples.jsonl").write_text('{"query_id": "q0"')
+    leftover = versions.root / f".version-000025.tmp-{dead_pid()}-0123abcd"  # what a killed publisher leaves
+    leftover.mkdir()
+    (leftover / "examples.jsonl").write_text('{"query_id": "q0"')
+    live = versions.root / f".version-000026.tmp-{os.getpid()}-0123abcd"  # a publisher still at work
+    live.mkdir()
     assert versions.latest() == 24
     assert versions.remove_partial() == 1
+    assert not leftover.exists() and live.exists()
 
 
 def test_refresh_samples_negatives_without_positives(collection, tiny_st_model: Path, tmp_path: Path):

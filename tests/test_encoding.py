@@ -13,6 +13,7 @@ from densekit.encoding import corpus as corpus_module
 from densekit.encoding.corpus import Shard, encode_corpus
 from densekit.encoding.embed import embed_texts
 from densekit.encoding.store import EmbeddingStore
+from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 
 from .conftest import CORPUS
@@ -31,7 +32,7 @@ def test_embeddings_are_float32_memory_mapped_beside_ids(encoder, beir_dir: Path
     assert isinstance(vectors, np.memmap) and vectors.dtype == np.float32
     texts = [f"{d['title']} {d['text']}".strip() for d in CORPUS]
     assert np.allclose(vectors, embed_texts(encoder, texts, "passage"), atol=1e-6)
-    assert store.meta["encoder_config"]["normalize"] is True
+    assert store.identity["model"]["settings"]["normalize"] is True
 
 
 def test_shards_merge_to_the_unsharded_result(encoder, beir_dir: Path, tmp_path: Path):
@@ -92,7 +93,7 @@ def test_killed_run_resumes_to_the_same_result(encoder, beir_dir: Path, tmp_path
     assert not list((tmp_path / "resumed").glob("*.partial.npy"))
 
 
-def test_resume_with_another_model_starts_over(
+def test_another_model_is_refused_and_overwrite_starts_over(
     encoder, tiny_model: Path, beir_dir: Path, tmp_path: Path, monkeypatch
 ):
     dataset = Dataset.open(beir_dir)
@@ -110,7 +111,51 @@ def test_resume_with_another_model_starts_over(
         encode_corpus(encoder, dataset, tmp_path / "emb", chunk_size=4, show_progress=False)
     monkeypatch.setattr(corpus_module, "embed_texts", real)
     other = DenseEncoder.load(tiny_model)
-    encode_corpus(other, dataset, tmp_path / "emb", chunk_size=4, show_progress=False)
+    with pytest.raises(OutputError, match=r"differs in: model\.settings\.normalize, "):
+        encode_corpus(other, dataset, tmp_path / "emb", chunk_size=4, show_progress=False)
+    encode_corpus(other, dataset, tmp_path / "emb", chunk_size=4, show_progress=False, overwrite=True)
     texts = [f"{d['title']} {d['text']}".strip() for d in CORPUS]
     expected = embed_texts(other, texts, "passage")
     assert np.allclose(EmbeddingStore.open(tmp_path / "emb").vectors(), expected, atol=1e-6)
+
+
+def test_a_finished_part_is_reused_only_for_the_same_model_settings_and_corpus(
+    tiny_st_model: Path, beir_dir: Path, tmp_path: Path, monkeypatch
+):
+    output = tmp_path / "emb"
+    encode_corpus(DenseEncoder.load(tiny_st_model), Dataset.open(beir_dir), output, show_progress=False)
+    calls = []
+    real = corpus_module.embed_texts
+    monkeypatch.setattr(corpus_module, "embed_texts", lambda *a, **k: calls.append(1) or real(*a, **k))
+    encode_corpus(DenseEncoder.load(tiny_st_model), Dataset.open(beir_dir), output, show_progress=False)
+    assert calls == []  # the same encoding: reused
+
+    cls = DenseEncoder.load(tiny_st_model, pooling="cls")
+    with pytest.raises(OutputError, match=r"differs in: model\.settings\.pooling\)"):
+        encode_corpus(cls, Dataset.open(beir_dir), output, show_progress=False)
+    corpus = beir_dir / "corpus.jsonl"
+    corpus.write_text(corpus.read_text().replace("Cats are small", "Cats are large"))
+    with pytest.raises(OutputError, match=r"differs in: corpus\)"):
+        encode_corpus(DenseEncoder.load(tiny_st_model), Dataset.open(beir_dir), output, show_progress=False)
+    assert calls == []
+    encode_corpus(DenseEncoder.load(tiny_st_model), Dataset.open(beir_dir), output, show_progress=False,
+                  overwrite=True)  # fmt: skip
+    store = EmbeddingStore.open(output)
+    texts = [f"{d['title']} {d['text']}".strip().replace("Cats are small", "Cats are large") for d in CORPUS]
+    assert np.allclose(store.vectors(), embed_texts(DenseEncoder.load(tiny_st_model), texts, "passage"),
+                       atol=1e-6)  # fmt: skip
+    assert store.identity["corpus"] == Dataset.open(beir_dir).corpus_digest()
+
+
+def test_a_damaged_or_truncated_part_is_refused_naming_the_file(encoder, beir_dir: Path, tmp_path: Path):
+    encode_corpus(encoder, Dataset.open(beir_dir), tmp_path / "emb", show_progress=False)
+    vectors = tmp_path / "emb" / "part-00000-of-00001.npy"
+    data = bytearray(vectors.read_bytes())
+    data[-5] ^= 0x01  # one flipped bit in the last vector
+    vectors.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"part-00000-of-00001.npy: error: its checksum differs"):
+        EmbeddingStore.open(tmp_path / "emb")
+    ids = tmp_path / "emb" / "part-00000-of-00001.ids"
+    ids.write_text("\n".join(ids.read_text().splitlines()[:-1]) + "\n")
+    with pytest.raises(DataError, match=r"part-00000-of-00001\.(npy|ids): error: its checksum differs"):
+        EmbeddingStore.open(tmp_path / "emb")

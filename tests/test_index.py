@@ -6,30 +6,36 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from densekit.data import Diagnostics
+from densekit.data import DataError, Dataset, Diagnostics
 from densekit.data.trec import read_run, write_run
-from densekit.encoding.store import EmbeddingStore
+from densekit.encoding.corpus import encode_corpus
+from densekit.encoding.store import KIND, EmbeddingStore, complete_part
 from densekit.index import IndexSpec, SearchIndex, build_index
+from densekit.io.artefact import write_folder_manifest
+from densekit.mining.filters import MiningSettings
+from densekit.mining.mine import mine
+from densekit.models import DenseEncoder
+from densekit.retrieval.dense import dense_search
 from densekit.retrieval.hits import Hits
+
+from .conftest import CORPUS
 
 
 def fake_store(folder: Path, vectors: np.ndarray, parts: int = 1) -> EmbeddingStore:
-    """An embedding folder written directly, as `densekit encode` would."""
-    import json
-
-    from densekit.encoding.store import part_stem
-
+    """An embedding folder written directly, part by part, as `densekit encode` would."""
     folder.mkdir(parents=True)
+    identity = {"model": {"weights": "w", "settings": {}}, "corpus": "c", "shards": parts, "maxp": None}
+    write_folder_manifest(folder, KIND, identity)
     ids = [f"doc{i}" for i in range(len(vectors))]
     bounds = np.linspace(0, len(vectors), parts + 1).astype(int)
     for p in range(parts):
-        stem = folder / part_stem(p, parts)
         lo, hi = bounds[p], bounds[p + 1]
-        np.save(stem.with_suffix(".npy"), vectors[lo:hi].astype(np.float32))
-        stem.with_suffix(".ids").write_text("\n".join(ids[lo:hi]) + "\n")
-        meta = {"rows": int(hi - lo), "dimension": vectors.shape[1], "model": "m", "corpus_fingerprint": {}}
-        stem.with_suffix(".json").write_text(json.dumps(meta))
+        partial = folder / f"part-{p}.partial.npy"
+        np.save(partial, vectors[lo:hi].astype(np.float32))
+        meta = {"identity": identity, "dimension": vectors.shape[1], "rows": int(hi - lo)}
+        complete_part(folder, p, parts, partial, ids[lo:hi], meta)
     return EmbeddingStore.open(folder)
 
 
@@ -102,3 +108,47 @@ def test_runs_skip_the_query_itself_and_have_real_ranks(tmp_path: Path):
     lines = (tmp_path / "run.trec").read_text().splitlines()
     assert lines[0].split()[:4] == ["q1", "Q0", "a", "1"] and lines[1].split()[3] == "2"
     assert read_run(tmp_path / "run.trec", Diagnostics()) == run
+
+
+def test_a_bit_flipped_index_is_refused_on_load(vectors, tmp_path: Path):
+    build_index(fake_store(tmp_path / "emb", vectors), IndexSpec(), tmp_path / "index", show_progress=False)
+    index_file = tmp_path / "index" / "index.faiss"
+    data = bytearray(index_file.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    index_file.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"index.faiss: error: its checksum differs from the one saved"):
+        SearchIndex.load(tmp_path / "index")
+
+
+@pytest.fixture
+def other_collection(make_beir) -> Path:
+    """The same queries and judgements over a corpus that lacks one document and has another."""
+    corpus = [d for d in CORPUS if d["_id"] != "d6"] + [{"_id": "x1", "title": "", "text": "a new text"}]
+    return make_beir(corpus=corpus)
+
+
+def test_an_index_of_another_corpus_or_model_is_refused_by_search_and_mining(
+    tiny_st_model: Path, beir_dir: Path, other_collection: Path, tmp_path: Path
+):
+    encoder = DenseEncoder.load(tiny_st_model)
+    encode_corpus(encoder, Dataset.open(other_collection), tmp_path / "emb", show_progress=False)
+    build_index(EmbeddingStore.open(tmp_path / "emb"), IndexSpec(), tmp_path / "index", show_progress=False)
+    index = SearchIndex.load(tmp_path / "index")
+    dataset = Dataset.open(beir_dir)
+    queries, _ = dataset.split_queries("test")
+    with pytest.raises(ValueError, match=r"built from another corpus than .*corpus.jsonl"):
+        dense_search(encoder, index, queries, 3, dataset=dataset, show_progress=False)
+    for keep_identical in (False, True):
+        settings = MiningSettings(first_rank=1, last_rank=5, count=2, exclude_identical=not keep_identical)
+        with pytest.raises(ValueError, match=r"built from another corpus"):
+            mine(dataset, "test", tmp_path / "mined.jsonl", "dense", settings, encoder, tmp_path / "index",
+                 show_progress=False)  # fmt: skip
+    assert not (tmp_path / "mined.jsonl").exists()
+    other = DenseEncoder.load(tiny_st_model)
+    torch.nn.init.normal_(other.query_backbone.embeddings.word_embeddings.weight)
+    with pytest.raises(ValueError, match=r"other model weights"):
+        dense_search(other, index, queries, 3, show_progress=False)
+    with pytest.raises(ValueError, match=r"other settings \(pooling 'mean' there, 'cls' here\)"):
+        dense_search(DenseEncoder.load(tiny_st_model, pooling="cls"), index, queries, 3, show_progress=False)
+    own = Dataset.open(other_collection)
+    assert dense_search(encoder, index, own.split_queries("test")[0], 3, dataset=own, show_progress=False)

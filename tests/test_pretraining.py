@@ -14,6 +14,7 @@ import torch
 
 from densekit.configuration import validate_config
 from densekit.data.diagnostics import DataError
+from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.config import PretrainConfig
@@ -255,3 +256,20 @@ def test_spans_longer_than_the_sequence_are_refused_by_the_config(corpus_file: P
     with pytest.raises(DataError, match=r"span_max \+ 2 special tokens exceed model\.max_length"):
         make_config(corpus_file, tiny_model, "cocondenser", cocondenser={"span_max": 23})
     make_config(corpus_file, tiny_model, "cocondenser", cocondenser={"span_max": 22})  # 22 + 2 = 24 fits
+
+
+def test_pretraining_into_an_existing_run_needs_resume_or_overwrite(
+    corpus_file: Path, tiny_model: Path, tmp_path: Path
+):
+    config = make_config(corpus_file, tiny_model, "mlm")
+    output = tmp_path / "run"
+    run_pretraining(config, output, show_progress=False)
+    with pytest.raises(OutputError, match=r"already holds this pre-training run .*pass --resume"):
+        run_pretraining(config, output, show_progress=False)
+    other = make_config(corpus_file, tiny_model, "condenser")
+    with pytest.raises(OutputError, match=r"differs in: config\.method\)"):
+        run_pretraining(other, output, resume=True, show_progress=False)
+    run_pretraining(other, output, show_progress=False, overwrite=True)
+    assert json.loads((output / "densekit-artefact.json").read_text())["identity"]["config"]["method"] == (
+        "condenser"
+    )

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from densekit.data import DataError
+from densekit.data import DataError, Diagnostics
+from densekit.data.trec import read_run
+from densekit.io.outputs import OutputError
 from densekit.recipes import steps as steps_module
 from densekit.recipes.runner import load_recipe, resolve, run_recipe
 
@@ -62,11 +64,11 @@ def test_recipe_runs_skips_resumes_and_reruns(tmp_path: Path, tiny_st_model: Pat
     real_run = {name: cls.run for name, cls in steps_module.STEP_TYPES.items()}
 
     def tracking(name):
-        def run(self, device, show_progress):
+        def run(self, device, show_progress, overwrite):
             ran.append(name)
             if name == "index" and getattr(tracking, "kill_index", False):
                 raise KeyboardInterrupt("killed")
-            return real_run[name](self, device, show_progress)
+            return real_run[name](self, device, show_progress, overwrite)
 
         return run
 
@@ -136,3 +138,67 @@ def test_a_train_steps_config_is_checked_before_anything_runs(tmp_path: Path):
         DataError, match=r"steps\.train\.config\.optim\.batchsize: Extra inputs are not permitted"
     ):
         load_recipe(path, tmp_path, [])
+
+
+def bm25_recipe(path: Path, data: Path) -> Path:
+    recipe = {"data": {"path": str(data)}, "steps": {
+        "bm25": {"type": "bm25", "data": "{data.path}", "output": "{out}/bm25.trec"},
+        "evaluate": {"type": "evaluate", "data": "{data.path}", "run": "{out}/bm25.trec",
+                     "output": "{out}/bm25.json", "measures": ["nDCG@10"]},
+    }}  # fmt: skip
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def test_a_changed_step_output_never_removes_what_densekit_did_not_make(beir_dir: Path, tmp_path: Path):
+    recipe, out = bm25_recipe(tmp_path / "r.yaml", beir_dir), tmp_path / "out"
+    run_recipe(recipe, out, device="cpu", show_progress=False)
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "chapter1.tex").write_text("years of work")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for target, reason in ((thesis, "is a folder"), (notes, "densekit did not write it")):
+        with pytest.raises(OutputError, match=reason):
+            run_recipe(recipe, out, [f"steps.bm25.output={target}"], device="cpu", show_progress=False)
+    assert (thesis / "chapter1.tex").read_text() == "years of work" and notes.read_text() == "mine"
+    # the step's own earlier output is replaced when its parameters change
+    run_recipe(recipe, out, ["steps.bm25.k=2"], device="cpu", show_progress=False)
+    assert max(len(r) for r in read_run(out / "bm25.trec", Diagnostics()).values()) == 2
+
+
+def test_data_changed_in_place_reruns_the_steps_that_read_it(beir_dir: Path, tmp_path: Path):
+    recipe, out = bm25_recipe(tmp_path / "r.yaml", beir_dir), tmp_path / "out"
+    first = run_recipe(recipe, out, device="cpu", show_progress=False)
+    qrels = beir_dir / "qrels" / "test.tsv"
+    run = read_run(out / "bm25.trec", Diagnostics())
+    top = {q: next(iter(ranked)) for q, ranked in run.items()}
+    qrels.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in top.items()))
+    second = run_recipe(recipe, out, device="cpu", show_progress=False)
+    assert second["nDCG@10"] == pytest.approx(1.0) and first["nDCG@10"] < 1.0  # scored again, not stale
+    assert json.loads((out / "metrics.json").read_text()) == second
+
+
+def test_an_override_naming_no_key_of_the_recipe_is_refused(beir_dir: Path, tmp_path: Path):
+    recipe, out = bm25_recipe(tmp_path / "r.yaml", beir_dir), tmp_path / "out"
+    with pytest.raises(ValueError, match=r"override 'data.pth=/x': r.yaml has no key 'data.pth' \(its keys: "
+                                         r"data\.path\)"):  # fmt: skip
+        run_recipe(recipe, out, ["data.pth=/x"], device="cpu", show_progress=False)
+    with pytest.raises(ValueError, match=r"has no step 'steps.bm52'"):
+        run_recipe(recipe, out, ["steps.bm52.k=3"], device="cpu", show_progress=False)
+    with pytest.raises(DataError, match=r"steps\.bm25\.kk: Extra inputs are not permitted"):
+        run_recipe(recipe, out, ["steps.bm25.kk=3"], device="cpu", show_progress=False)
+    assert not out.exists()  # refused before anything was written
+
+
+def test_a_folder_of_another_recipe_is_refused(beir_dir: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    run_recipe(bm25_recipe(tmp_path / "r.yaml", beir_dir), out, device="cpu", show_progress=False)
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"steps": {"only": {"type": "bm25", "data": str(beir_dir),
+                                                         "output": "{out}/x.trec"}}}))  # fmt: skip
+    with pytest.raises(OutputError, match=r"differs in: steps.bm25, steps.evaluate, steps.only"):
+        run_recipe(other, out, device="cpu", show_progress=False)
+    run_recipe(other, out, device="cpu", show_progress=False, overwrite=True)
+    shown = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert shown == ["densekit-artefact.json", "recipe.yaml", "timings.json", "x.trec"]  # bm25.* went

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,13 +18,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from densekit.configuration import validate_config
+from densekit.ance.versions import NegativeVersions
+from densekit.configuration import dump_config, validate_config
+from densekit.data import DataError
 from densekit.encoding.embed import embed_texts
+from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 from densekit.training import distributed
+from densekit.training.checkpoint import load_checkpoint, save_checkpoint
 from densekit.training.config import TrainConfig
 from densekit.training.contrastive import ContrastiveTask, contrastive_loss
-from densekit.training.examples import read_examples
+from densekit.training.examples import TrainingExample, read_examples
 from densekit.training.grad_cache import split_inputs
 from densekit.training.run import run_training
 from densekit.training.trainer import Trainer
@@ -232,3 +238,146 @@ def test_torchrun_two_processes_train_like_one(collection, still_model: Path, tm
     subprocess.run(command, check=True, capture_output=True, timeout=300)
     one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     assert max(float((one[k] - two[k]).abs().max()) for k in one) < 1e-5
+
+
+def checkpoint_names(output: Path) -> list[str]:
+    return sorted(p.name for p in (output / "checkpoints").iterdir() if not p.name.startswith("."))
+
+
+def test_an_existing_run_is_refused_without_resume_and_overwrite_clears_only_its_own_files(
+    collection, tiny_model: Path, tmp_path: Path
+):
+    config = make_config(collection, tiny_model, checkpoint={"every": 1, "keep": 2})
+    output = tmp_path / "run"
+    run_training(config, output, show_progress=False)
+    assert checkpoint_names(output) == ["step-00000005", "step-00000006"]
+    (output / "my-notes.txt").write_text("mine")
+    example = TrainingExample(query_id="q0", query="old", positives=["t0d0"], negatives=["t1d1"])
+    NegativeVersions(output).publish(3, [example], {"checkpoint_step": 6})  # an older ANCE run's negatives
+    trained = final_weights(output)
+
+    with pytest.raises(OutputError, match=r"already holds this training run \(its newest checkpoint is "
+                                          r"step-00000006\); pass --resume"):  # fmt: skip
+        run_training(config, output, show_progress=False)
+    shorter = make_config(collection, tiny_model, checkpoint={"every": 1, "keep": 2}, optim={"max_steps": 3})
+    with pytest.raises(OutputError, match=r"differs in: config\.optim\.max_steps\); pass --overwrite"):
+        run_training(shorter, output, show_progress=False)
+    with pytest.raises(OutputError, match=r"differs in: config\.optim\.max_steps"):
+        run_training(shorter, output, resume=True, show_progress=False)
+    after = final_weights(output)
+    assert all(torch.equal(trained[k], after[k]) for k in trained)  # nothing was touched
+
+    run_training(shorter, output, show_progress=False, overwrite=True)
+    assert checkpoint_names(output) == ["step-00000002", "step-00000003"]  # no stale step-5 or step-6
+    assert not (output / "ance").exists() and (output / "my-notes.txt").read_text() == "mine"
+    assert [json.loads(r)["step"] for r in (output / "train_log.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_resume_refuses_changes_that_change_the_run_and_takes_the_others(
+    tiny_model: Path, tmp_path: Path, monkeypatch, caplog
+):
+    collection = write_training_collection(tmp_path / "data")
+    config = make_config(collection, tiny_model)
+    output = tmp_path / "run"
+    real_step = Trainer._one_step
+
+    def killed_at_step_five(self):
+        if self.state["step"] == 4:
+            raise KeyboardInterrupt("killed")
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "_one_step", killed_at_step_five)
+    with pytest.raises(KeyboardInterrupt):
+        run_training(config, output, show_progress=False)
+    monkeypatch.setattr(Trainer, "_one_step", real_step)
+    saved = (output / "config.yaml").read_text()
+
+    faster = make_config(collection, tiny_model, optim={"learning_rate": 5e-3})
+    with pytest.raises(OutputError, match=r"differs in: config\.optim\.learning_rate\)"):
+        run_training(faster, output, resume=True, show_progress=False)
+    assert (output / "config.yaml").read_text() == saved  # the refused config is not recorded
+
+    train_file = collection[1]
+    original = train_file.read_text()
+    train_file.write_text(original.replace('"t1d1"', '"t2d1"', 1))
+    with pytest.raises(OutputError, match=r"differs in: inputs\.data\.train\)"):
+        run_training(config, output, resume=True, show_progress=False)
+    train_file.write_text(original)
+
+    elsewhere = make_config(collection, tiny_model, log_every=2, checkpoint={"keep": 3})
+    assert run_training(elsewhere, output, resume=True, show_progress=False)["step"] == 6
+
+    with caplog.at_level(logging.WARNING, logger="densekit"):
+        run_training(config, tmp_path / "empty", resume=True, show_progress=False)
+    assert "holds no training run to resume; starting a new one" in caplog.text
+
+
+KILLED_IN_A_CHECKPOINT = """
+import os, signal, sys
+from pathlib import Path
+import safetensors.torch
+from densekit.configuration import load_config
+from densekit.training import checkpoint
+from densekit.training.config import TrainConfig
+from densekit.training.run import run_training
+
+real_save = safetensors.torch.save_file
+def save_file(tensors, path, *args, **kwargs):
+    real_save(tensors, path, *args, **kwargs)
+    if "step-00000006" in path:  # kill -9 halfway through writing the second checkpoint
+        os.kill(os.getpid(), signal.SIGKILL)
+checkpoint.safetensors.torch.save_file = save_file
+run_training(load_config(Path(sys.argv[1]), TrainConfig), Path(sys.argv[2]), show_progress=False)
+"""
+
+
+def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_one(
+    collection, tiny_model: Path, tmp_path: Path
+):
+    config = make_config(collection, tiny_model)
+    run_training(config, tmp_path / "straight", show_progress=False)
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(dump_config(config))
+    output = tmp_path / "killed"
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_IN_A_CHECKPOINT, str(config_file), str(output)], capture_output=True
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert checkpoint_names(output) == ["step-00000003"]
+    assert list((output / "checkpoints").glob(".step-00000006.tmp-*"))  # the half-written one
+
+    assert run_training(config, output, resume=True, show_progress=False)["step"] == 6
+    assert not [p for p in (output / "checkpoints").iterdir() if p.name.startswith(".")]
+    straight, resumed = final_weights(tmp_path / "straight"), final_weights(output)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_the_fp16_loss_scale_is_saved_and_restored(tiny_model: Path, tmp_path: Path):
+    module = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(module.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(torch.tensor(1.0))
+    scaler.update(512.0)
+    state = {"step": 7, "elapsed_s": 1.0, "best": None, "best_step": None}
+    save_checkpoint(tmp_path / "step-7", module, optimizer, scheduler, state, "", lambda path: None,
+                    torch.device("cpu"), scaler)  # fmt: skip
+    restored = torch.amp.GradScaler("cpu")
+    load_checkpoint(tmp_path / "step-7", module, optimizer, scheduler, torch.device("cpu"), restored)
+    assert restored.state_dict() == scaler.state_dict() and restored.get_scale() == 512.0
+    save_checkpoint(tmp_path / "step-8", module, optimizer, scheduler, {**state, "step": 8}, "",
+                    lambda path: None, torch.device("cpu"))  # fmt: skip
+    with pytest.raises(ValueError, match="holds no fp16 loss scaler"):
+        load_checkpoint(tmp_path / "step-8", module, optimizer, scheduler, torch.device("cpu"), restored)
+
+
+def test_a_damaged_checkpoint_is_refused_by_resume(collection, tiny_model: Path, tmp_path: Path):
+    config = make_config(collection, tiny_model)
+    output = tmp_path / "run"
+    run_training(config, output, show_progress=False)
+    weights = output / "checkpoints" / "step-00000006" / "state.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-100] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"state.safetensors: error: its checksum differs"):
+        run_training(config, output, resume=True, show_progress=False)

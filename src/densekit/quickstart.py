@@ -1,4 +1,5 @@
-"""The quickstart: BM25 and zero-shot all-MiniLM-L6-v2 on SciFact's test split, beside published figures."""
+"""The quickstart: BM25 and zero-shot all-MiniLM-L6-v2 on a collection's test split (SciFact by
+default), beside the published figures where the collection is one they were measured on."""
 
 from __future__ import annotations
 
@@ -11,15 +12,21 @@ from densekit.data.trec import write_run
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.device import resolve_device
 from densekit.encoding.store import EmbeddingStore
-from densekit.evaluation import evaluate
+from densekit.evaluation import SCORES_KIND, evaluate
 from densekit.index import IndexSpec, SearchIndex, build_index
-from densekit.io.atomic import write_text_atomic
+from densekit.io.artefact import write_folder_manifest
+from densekit.io.fingerprint import digest_of
+from densekit.io.outputs import claim_folder, write_output_text
 from densekit.models import DenseEncoder
+from densekit.models.hub import resolve_model_path
 from densekit.retrieval.bm25 import BM25Index
 from densekit.retrieval.dense import dense_search
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SPLIT = "test"
+KIND = "quickstart run"
+DEFAULT_OUTPUT = Path("quickstart-output")
+_ENTRIES = ("*.trec", "embeddings", "index", "metrics.json")
 
 
 @dataclass(frozen=True)
@@ -30,10 +37,38 @@ class Published:
     source: str
 
 
-PUBLISHED = {
-    "BM25": Published(0.679, "pyserini reproduction matrix, Lucene flat"),
-    "all-MiniLM-L6-v2": Published(0.645, "MTEB"),
-}
+@dataclass(frozen=True)
+class Collection:
+    """A collection published figures were measured on."""
+
+    name: str
+    figures: dict[str, Published]
+
+
+# Recognised by the digest of their corpus, queries and test judgements (`collection_digest`), so a figure is
+# shown only beside the very collection it was measured on, whatever its folder is called.
+KNOWN_COLLECTIONS = {
+    "sha256:a6a8a20f3effc907a27f19803ec56fcda3dc63e74140462dd1097f1a0b6f5239": Collection(
+        "SciFact",
+        {"BM25": Published(0.679, "pyserini reproduction matrix, Lucene flat"),
+         "all-MiniLM-L6-v2": Published(0.645, "MTEB")},
+    ),
+    "sha256:cbad17da3889d7789a7fcfc523195b2e864fd15cf6ffd4be3bcc5fcd47356f86": Collection(
+        "NFCorpus",
+        {"BM25": Published(0.322, "pyserini reproduction matrix, Lucene flat"),
+         "all-MiniLM-L6-v2": Published(0.316, "MTEB")},
+    ),
+}  # fmt: skip
+
+
+@dataclass
+class QuickstartResult:
+    """The scores of both systems, and what they are set beside."""
+
+    metrics: dict[str, dict[str, float]]
+    collection: str
+    queries: int
+    published: dict[str, Published]
 
 
 def default_data_dir() -> Path:
@@ -48,24 +83,45 @@ def default_data_dir() -> Path:
     )
 
 
+def collection_digest(dataset: Dataset) -> str:
+    """One digest of the corpus, the queries and the test judgements."""
+    files = [dataset.corpus_path, dataset.queries_path(SPLIT), dataset.qrels_path(SPLIT)]
+    return digest_of({p.relative_to(dataset.root).as_posix(): dataset.digest(p) for p in files})
+
+
 def run_quickstart(
-    data_dir: Path, output: Path, batch_size: int = 64, device: str = "auto", show_progress: bool = True
-) -> dict[str, dict[str, float]]:
+    data_dir: Path,
+    output: Path,
+    batch_size: int = 64,
+    device: str = "auto",
+    show_progress: bool = True,
+    overwrite: bool = False,
+    model: str = MODEL,
+) -> QuickstartResult:
     """Run both systems on the test split; write runs and `metrics.json` under `output`.
 
-    The corpus embeddings are kept, so a second run (or one that was killed) does not encode again.
+    The corpus embeddings are kept, so a second run on the same collection (or one that was killed)
+    does not encode again; an `output` holding the quickstart of another collection or model is
+    refused unless `overwrite`.
     """
     output = Path(output)
     dataset = Dataset.open(data_dir)
+    identity = {"data": collection_digest(dataset), "model": model}
+    if claim_folder(output, KIND, identity, [data_dir], overwrite, _ENTRIES) == "new":
+        output.mkdir(parents=True, exist_ok=True)
+        write_folder_manifest(output, KIND, identity, {"data": str(data_dir)})
     queries, qrels = dataset.split_queries(SPLIT)
     metrics: dict[str, dict[str, float]] = {}
 
     bm25_run = BM25Index(dataset.iter_corpus(), show_progress=show_progress).search(queries, k=1000)
-    write_run(output / "bm25.trec", bm25_run, tag="bm25")
+    write_run(output / "bm25.trec", bm25_run, tag="bm25", inputs=[data_dir])
     metrics["BM25"] = evaluate(qrels, bm25_run)
 
-    encoder = DenseEncoder.load(MODEL).to(resolve_device(device))
-    encode_corpus(encoder, dataset, output / "embeddings", batch_size=batch_size, show_progress=show_progress)
+    encoder = DenseEncoder.load(model).to(resolve_device(device))
+    encode_corpus(
+        encoder, dataset, output / "embeddings", batch_size=batch_size, show_progress=show_progress,
+        overwrite=overwrite,
+    )  # fmt: skip
     build_index(
         EmbeddingStore.open(output / "embeddings"),
         IndexSpec(type="flat"),
@@ -79,9 +135,13 @@ def run_quickstart(
         k=1000,
         batch_size=batch_size,
         show_progress=show_progress,
+        dataset=dataset,
     )
-    write_run(output / "all-MiniLM-L6-v2.trec", dense_run, tag="all-MiniLM-L6-v2")
-    metrics["all-MiniLM-L6-v2"] = evaluate(qrels, dense_run)
+    name = Path(resolve_model_path(model)).name if model != MODEL else "all-MiniLM-L6-v2"
+    write_run(output / f"{name}.trec", dense_run, tag=name, inputs=[data_dir])
+    metrics[name] = evaluate(qrels, dense_run)
 
-    write_text_atomic(output / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-    return metrics
+    write_output_text(output / "metrics.json", SCORES_KIND, json.dumps(metrics, indent=2) + "\n")
+    known = KNOWN_COLLECTIONS.get(identity["data"])
+    collection = known.name if known else dataset.root.name
+    return QuickstartResult(metrics, collection, len(queries), known.figures if known else {})

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 from densekit.data.diagnostics import Diagnostics
-from densekit.io.atomic import atomic_dir
+from densekit.io.artefact import artefact_dir
+from densekit.io.atomic import remove_dead_temporaries
 from densekit.training.examples import TrainingExample, read_examples, write_examples
 
 ANCE_FOLDER = "ance"
 STOP_FILE = "STOP"
+KIND = "ANCE negatives"
 _VERSION = re.compile(r"^version-(\d{6})$")
 
 
@@ -50,7 +51,7 @@ class NegativeVersions:
 
     def publish(self, version: int, examples: list[TrainingExample], meta: dict[str, Any]) -> Path:
         """Write `version` atomically; the commit marker is written last."""
-        with atomic_dir(self.path(version)) as tmp:
+        with artefact_dir(self.path(version), KIND, {"version": version}) as tmp:
             write_examples(tmp / "examples.jsonl", examples)
             (tmp / "commit.json").write_text(
                 json.dumps({"version": version, **meta}, indent=2), encoding="utf-8"
@@ -64,11 +65,8 @@ class NegativeVersions:
         return read_examples(folder / "examples.jsonl", Diagnostics()), meta
 
     def remove_partial(self) -> int:
-        """Delete what an interrupted publisher left behind; returns how many folders."""
-        leftovers = [c for c in self.root.iterdir() if c.name.startswith(".version-") and c.is_dir()]
-        for leftover in leftovers:
-            shutil.rmtree(leftover, ignore_errors=True)
-        return len(leftovers)
+        """Delete what a killed publisher left behind; returns how many folders."""
+        return len(remove_dead_temporaries(self.root))
 
     @property
     def stop_file(self) -> Path:

@@ -15,8 +15,8 @@ from rich.table import Table
 from densekit.data.diagnostics import Diagnostics
 from densekit.data.trec import read_qrels, read_run
 from densekit.data.validate import validate_dataset
-from densekit.evaluation import DEFAULT_MEASURES, evaluate, evaluate_per_query
-from densekit.io.atomic import write_text_atomic
+from densekit.evaluation import DEFAULT_MEASURES, PER_QUERY_KIND, SCORES_KIND, evaluate, evaluate_per_query
+from densekit.io.outputs import check_file_output, write_output_text
 
 console = Console(soft_wrap=True)
 
@@ -60,6 +60,10 @@ def evaluate_command(
     ] = None,
 ) -> None:
     """Score a run against judgements with ir_measures (nDCG@10, RR@10, R@100, R@1000, AP by default)."""
+    inputs = [qrels, run]
+    for output, kind in ((json_file, SCORES_KIND), (per_query, PER_QUERY_KIND)):
+        if output is not None and str(output) != "-":
+            check_file_output(output, kind, inputs)
     diagnostics = Diagnostics()
     judgements = read_qrels(qrels, diagnostics)
     ranked = read_run(run, diagnostics)
@@ -79,13 +83,13 @@ def evaluate_command(
     if unanswered:
         console.print(f"[yellow]{unanswered} judged queries have no results in the run and count as 0[/]")
     if json_file is not None:
-        write_text_atomic(json_file, json.dumps(scores, indent=2) + "\n")
+        write_output_text(json_file, SCORES_KIND, json.dumps(scores, indent=2) + "\n", inputs=inputs)
     if per_query is not None:
         lines = "".join(f"{q}\t{m}\t{v:.6f}\n" for q, m, v in evaluate_per_query(judgements, ranked, names))
         if str(per_query) == "-":
             sys.stdout.write(lines)
         else:
-            write_text_atomic(per_query, lines)
+            write_output_text(per_query, PER_QUERY_KIND, lines, inputs=inputs)
 
 
 def register(app: typer.Typer) -> None:

@@ -52,6 +52,14 @@ def main() -> None:
     except DataError as err:  # each problem line already says "error"
         stderr_console.print(f"[red]{escape(str(err))}[/]", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except (ValueError, RuntimeError, FileNotFoundError) as err:
-        stderr_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+    except (ValueError, RuntimeError, OSError) as err:
+        stderr_console.print(f"[bold red]error:[/] {escape(_one_line(err))}", highlight=False, soft_wrap=True)
         sys.exit(2)
+
+
+def _one_line(err: Exception) -> str:
+    """An error as one line; an OS error names its path (and the second path of a rename)."""
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        target = f" -> {err.filename2}" if err.filename2 is not None else ""
+        return f"{err.filename}{target}: {err.strerror}"
+    return str(err)

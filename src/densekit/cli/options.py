@@ -40,6 +40,12 @@ QueryPrefixOpt = Annotated[
 PassagePrefixOpt = Annotated[
     str | None, typer.Option("--passage-prefix", help="Override the text put before passages.")
 ]
+OverwriteOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite", help="Replace an output folder densekit made for another run (never anything else)."
+    ),
+]
 RemoteCodeOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Run code shipped with the model (off unless asked).")
 ]

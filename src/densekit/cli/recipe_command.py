@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from densekit.cli.options import DeviceOpt, ProgressOpt
+from densekit.cli.options import DeviceOpt, OverwriteOpt, ProgressOpt
 
 
 def run(
@@ -19,12 +19,18 @@ def run(
         typer.Argument(help="Overrides as dotted.key=value, e.g. data.path=/some/beir/folder."),
     ] = None,
     device: DeviceOpt = "auto",
+    overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
-    """Run a recipe's steps in order, skipping those already done: a killed run continues."""
+    """Run a recipe's steps in order, skipping those already done: a killed run continues.
+
+    A step whose parameters or inputs changed since it last ran is run again, with the steps after it.
+    --out must be new, empty or a run of a recipe with the same steps (--overwrite replaces the
+    outputs densekit made there for another recipe).
+    """
     from densekit.recipes.runner import run_recipe
 
-    metrics = run_recipe(recipe, out, overrides or [], device, progress)
+    metrics = run_recipe(recipe, out, overrides or [], device, progress, overwrite)
     Console().print_json(data=metrics)
 
 

@@ -15,6 +15,7 @@ from densekit.cli.options import (
     DeviceOpt,
     ModelArg,
     NormalizeOpt,
+    OverwriteOpt,
     PassageLengthOpt,
     PassagePrefixOpt,
     PoolingOpt,
@@ -27,7 +28,8 @@ from densekit.cli.options import (
     load_encoder,
 )
 from densekit.data.dataset import Dataset
-from densekit.data.trec import write_run
+from densekit.data.trec import RUN_KIND, write_run
+from densekit.io.outputs import check_file_output
 
 log = logging.getLogger("densekit")
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Where to write the result.")]
@@ -45,10 +47,11 @@ def bm25(
     """Rank the corpus with BM25 (title + text, English stemmer and stop words) for a split's queries."""
     from densekit.retrieval.bm25 import BM25Config, BM25Index
 
+    check_file_output(output, RUN_KIND, [data_dir])
     dataset = Dataset.open(data_dir)
     queries, _ = dataset.split_queries(split)
     index = BM25Index(dataset.iter_corpus(), BM25Config(k1=k1, b=b), show_progress=progress)
-    write_run(output, index.search(queries, k), tag="bm25")
+    write_run(output, index.search(queries, k), tag="bm25", inputs=[data_dir])
     log.info("wrote %s (%d queries)", output, len(queries))
 
 
@@ -76,12 +79,14 @@ def encode(
     query_prefix: QueryPrefixOpt = None,
     passage_prefix: PassagePrefixOpt = None,
     trust_remote_code: RemoteCodeOpt = False,
+    overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """Encode the corpus (or one shard) into float32 embeddings beside their ids; resumes if killed.
 
     Long documents are truncated to the passage length (FirstP) unless --maxp cuts them into passages,
-    each indexed on its own; `search` then scores a document by its best passage.
+    each indexed on its own; `search` then scores a document by its best passage. An output folder
+    holding embeddings of another model, setting or corpus is refused unless --overwrite.
     """
     from densekit.encoding.corpus import Shard, encode_corpus
     from densekit.encoding.passages import MaxPSettings
@@ -103,6 +108,7 @@ def encode(
         chunk_size,
         progress,  # type: ignore[arg-type]
         MaxPSettings(stride=maxp_stride) if maxp else None,
+        overwrite,
     )
     log.info("wrote %s", meta)
 
@@ -122,7 +128,10 @@ def index(
     ] = None,
     progress: ProgressOpt = True,
 ) -> None:
-    """Build a Faiss index (inner product) from saved embeddings and save it."""
+    """Build a Faiss index (inner product) from saved embeddings and save it.
+
+    OUTPUT must be new, an empty folder or an index folder densekit made (which is replaced).
+    """
     from densekit.encoding.store import EmbeddingStore
     from densekit.index import IndexSpec, build_index
 
@@ -162,7 +171,9 @@ def search(
     from densekit.index import SearchIndex
     from densekit.retrieval.dense import dense_search
 
-    queries, _ = Dataset.open(data_dir).split_queries(split)
+    check_file_output(output, RUN_KIND, [index_dir, data_dir, model])
+    dataset = Dataset.open(data_dir)
+    queries, _ = dataset.split_queries(split)
     encoder = load_encoder(
         model, device, pooling, normalize, query_max_length, passage_max_length,
         query_prefix, passage_prefix, trust_remote_code,
@@ -177,8 +188,9 @@ def search(
         batch_size,
         precision,
         show_progress=progress,  # type: ignore[arg-type]
+        dataset=dataset,
     )
-    write_run(output, run, tag="densekit")
+    write_run(output, run, tag="densekit", inputs=[index_dir, data_dir, model])
     log.info("wrote %s (%d queries)", output, len(queries))
 
 

@@ -7,8 +7,12 @@ from typing import Annotated
 
 import typer
 
-from densekit.cli.options import BatchOpt, DataDirArg, DeviceOpt, ProgressOpt
+from densekit.cli.options import BatchOpt, DataDirArg, DeviceOpt, OverwriteOpt, ProgressOpt
 
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(help="Continue the run in --out from its newest checkpoint (same config and inputs)."),
+]
 OverridesArg = Annotated[
     list[str] | None, typer.Argument(help="Config overrides as section.key=value, e.g. optim.epochs=3.")
 ]
@@ -20,7 +24,8 @@ def train(
     ],
     out: Annotated[Path, typer.Option("--out", help="Where checkpoints, logs and the final model go.")],
     overrides: OverridesArg = None,
-    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --out.")] = False,
+    resume: ResumeOpt = False,
+    overwrite: OverwriteOpt = False,
     grad_cache: Annotated[
         bool | None,
         typer.Option("--grad-cache/--no-grad-cache", help="Gradient caching (grad_cache.enabled)."),
@@ -32,6 +37,8 @@ def train(
 ) -> None:
     """Fine-tune a dense encoder contrastively (InfoNCE, in-batch + hard negatives).
 
+    An --out folder that holds this run already needs --resume (continue) or --overwrite (start
+    again); one holding another run or files densekit did not make is refused.
     Several processes: `torchrun --nproc_per_node N -m densekit train CONFIG --out DIR`.
     """
     from densekit.configuration import load_config
@@ -43,7 +50,10 @@ def train(
         extra.append(f"grad_cache.enabled={str(grad_cache).lower()}")
     if chunk_size is not None:
         extra.append(f"grad_cache.chunk_size={chunk_size}")
-    run_training(load_config(config, TrainConfig, extra), out, resume=resume, show_progress=progress)
+    run_training(
+        load_config(config, TrainConfig, extra), out, resume=resume, show_progress=progress,
+        overwrite=overwrite,
+    )  # fmt: skip
 
 
 def mine(
@@ -123,19 +133,24 @@ def pretrain(
     method: Annotated[
         str | None, typer.Option(help="condenser, cocondenser, retromae or mlm (overrides the config's).")
     ] = None,
-    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --out.")] = False,
+    resume: ResumeOpt = False,
+    overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """Pre-train an encoder for retrieval (Condenser, coCondenser, RetroMAE; MLM as a baseline).
 
     The encoder without its pre-training heads is saved to OUT/model, ready for `densekit train`.
+    --resume and --overwrite are those of `densekit train`.
     """
     from densekit.configuration import load_config
     from densekit.pretraining.config import PretrainConfig
     from densekit.pretraining.run import run_pretraining
 
     extra = list(overrides or []) + ([f"method={method}"] if method else [])
-    run_pretraining(load_config(config, PretrainConfig, extra), out, resume=resume, show_progress=progress)
+    run_pretraining(
+        load_config(config, PretrainConfig, extra), out, resume=resume, show_progress=progress,
+        overwrite=overwrite,
+    )  # fmt: skip
 
 
 def ance_infer(

@@ -20,6 +20,7 @@ from densekit.data.lines import count_nonblank_lines
 from densekit.data.records import Document, Qrels
 from densekit.data.trec import Judgement, check_judged_ids, read_judgements, to_qrels
 from densekit.data.tsv import iter_tsv_corpus, read_tsv_queries
+from densekit.io.fingerprint import digest_of, file_digest, path_fingerprint
 
 Layout = Literal["beir", "tsv"]
 
@@ -31,6 +32,7 @@ class Dataset:
     root: Path
     layout: Layout
     diagnostics: Diagnostics = field(default_factory=Diagnostics)
+    _digests: dict[Path, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def open(cls, root: Path | str, diagnostics: Diagnostics | None = None) -> Dataset:
@@ -81,6 +83,27 @@ class Dataset:
             return sorted(p.stem for p in (self.root / "qrels").glob("*.tsv"))
         return sorted(p.name[len("qrels.") : -len(".tsv")] for p in self.root.glob("qrels.*.tsv"))
 
+    def digest(self, path: Path) -> str:
+        """The digest of one of the collection's files, computed once per `Dataset`."""
+        if path not in self._digests:
+            self._digests[path] = file_digest(path)
+        return self._digests[path]
+
+    def corpus_digest(self) -> str:
+        """The digest of the corpus file's bytes (computed once per `Dataset`)."""
+        return self.digest(self.corpus_path)
+
+    def fingerprint(self) -> str:
+        """One digest of every file densekit reads here: the corpus, the queries, every split's
+        judgements. Other files in the folder (outputs written into it) do not count."""
+        files = [self.corpus_path, *self._query_files(), *(self.qrels_path(s) for s in self.splits())]
+        return digest_of({p.relative_to(self.root).as_posix(): self.digest(p) for p in files if p.is_file()})
+
+    def _query_files(self) -> list[Path]:
+        if self.layout == "beir":
+            return [self.root / "queries.jsonl"]
+        return sorted(p for p in self.root.glob("queries*.tsv") if p.is_file())
+
     def iter_corpus(self) -> Iterator[Document]:
         """Stream the corpus in file order; warnings (empty texts) come when it ends."""
         reader = iter_jsonl_corpus if self.layout == "beir" else iter_tsv_corpus
@@ -122,3 +145,12 @@ class Dataset:
         )
         qrels = to_qrels(judgements)
         return {qid: queries[qid] for qid in qrels}, qrels
+
+
+def input_fingerprint(path: Path | str) -> str:
+    """A run input's fingerprint: a collection folder by the files densekit reads from it (so outputs
+    written into it do not count), anything else by its bytes (see `path_fingerprint`)."""
+    path = Path(path)
+    if path.is_dir() and ((path / "corpus.jsonl").is_file() or (path / "collection.tsv").is_file()):
+        return Dataset.open(path).fingerprint()
+    return path_fingerprint(path)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal, NamedTuple
 
 from densekit.data.diagnostics import Diagnostics
 from densekit.data.lines import iter_lines
 from densekit.data.records import Qrels, Run, id_problem
-from densekit.io.atomic import atomic_file
+from densekit.io.outputs import output_file
 
 _BEIR_HEADER = ["query-id", "corpus-id", "score"]
 _QRELS_LAYOUTS = {3: "query-id corpus-id score (BEIR)", 4: "query-id iteration doc-id relevance (TREC)"}
@@ -152,9 +153,13 @@ def read_run(path: Path, diagnostics: Diagnostics) -> Run:
     return run
 
 
-def write_run(path: Path, run: Run, tag: str = "densekit") -> None:
-    """Write a run atomically in TREC's format, best first (ties keep their order), ranks from 1."""
-    with atomic_file(path) as handle:
+RUN_KIND = "run"
+
+
+def write_run(path: Path, run: Run, tag: str = "densekit", inputs: Iterable[Path | str] = ()) -> None:
+    """Write a run atomically in TREC's format, best first (ties keep their order), ranks from 1, as a
+    file output (see `densekit.io.outputs`: never over an input or a file densekit did not write)."""
+    with output_file(path, RUN_KIND, inputs=inputs) as handle:
         for query_id, ranked in run.items():
             _check_id(query_id)
             ordered = sorted(ranked.items(), key=lambda pair: -pair[1])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,10 @@ from densekit.data.records import Document
 from densekit.encoding.device import Precision
 from densekit.encoding.embed import embed_texts
 from densekit.encoding.passages import MaxPSettings, PassageSplitter
-from densekit.encoding.store import part_stem
-from densekit.io.atomic import atomic_file, write_text_atomic
+from densekit.encoding.store import KIND, PART_PATTERNS, complete_part, part_stem
+from densekit.io.artefact import write_folder_manifest
+from densekit.io.atomic import write_text_atomic
+from densekit.io.outputs import claim_folder
 from densekit.models.encoder import DenseEncoder
 from densekit.progress import progress_bar
 
@@ -48,10 +49,16 @@ class Shard:
         return total * self.index // self.count, total * (self.index + 1) // self.count
 
 
-def corpus_fingerprint(path: Path) -> dict:
-    """Size and modification time of the corpus file, to notice a corpus changed under a resume."""
-    stat = Path(path).stat()
-    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+def embedding_identity(
+    encoder: DenseEncoder, dataset: Dataset, shards: int, maxp: MaxPSettings | None
+) -> dict:
+    """What an embedding folder records of what made it, and what a resumed or reused part must match."""
+    return {
+        "model": encoder.identity(),
+        "corpus": dataset.corpus_digest(),
+        "shards": shards,
+        "maxp": maxp.model_dump() if maxp is not None else None,
+    }
 
 
 def encode_corpus(
@@ -64,21 +71,29 @@ def encode_corpus(
     chunk_size: int = 4096,
     show_progress: bool = True,
     maxp: MaxPSettings | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Encode `shard` of the corpus into `output` and return the part's metadata file.
 
     Rows go straight into a memory-mapped `.npy` as each chunk of `chunk_size` rows is done, and
     the count of finished rows is saved after each chunk: a killed run started again with the same
-    arguments continues from the last finished chunk. A part already complete is left as it is.
-    With `maxp`, each document of the shard is cut into passages and each passage is a row (a first
-    pass over the shard counts them, so the corpus is still streamed).
+    arguments continues from the last finished chunk. A part already complete is reused only when the
+    folder was made by the same model weights, settings and corpus bytes; a folder of another encoding
+    is refused (naming what differs) unless `overwrite`, which removes its parts first. With `maxp`,
+    each document of the shard is cut into passages and each passage is a row (a first pass over the
+    shard counts them, so the corpus is still streamed).
     """
     output = Path(output)
+    identity = embedding_identity(encoder, dataset, shard.count, maxp)
+    about = {"model": encoder.source, "corpus": str(dataset.corpus_path)}
+    state = claim_folder(output, KIND, identity, [dataset.root, encoder.source], overwrite, PART_PATTERNS)
     output.mkdir(parents=True, exist_ok=True)
+    if state == "new":
+        write_folder_manifest(output, KIND, identity, about)
     stem = output / part_stem(shard.index, shard.count)
     meta_file = stem.with_suffix(".json")
     if meta_file.is_file():
-        log.info("%s is already complete", meta_file)
+        log.info("%s is already complete (same model, settings and corpus)", meta_file)
         return meta_file
 
     total = dataset.count_documents()
@@ -90,20 +105,16 @@ def encode_corpus(
         return splitter.split_all(documents) if splitter is not None else documents
 
     rows = sum(1 for _ in units()) if splitter is not None else end - start
-    identity = {
-        "model": encoder.source,
-        "encoder_config": encoder.config.model_dump(),
+    meta = {
+        "identity": identity,
         "dimension": encoder.dimension,
-        "corpus_fingerprint": corpus_fingerprint(dataset.corpus_path),
-        "shard": [shard.index, shard.count],
         "rows": rows,
         "first_row": start,
         "corpus_rows": total,
-        "maxp": maxp.model_dump() if maxp is not None else None,
     }
     partial = stem.with_name(stem.name + ".partial.npy")
     progress_file = stem.with_name(stem.name + ".progress.json")
-    done = _resume_point(progress_file, partial, identity)
+    done = _resume_point(progress_file, partial, meta)
     if rows == 0:  # a memory map cannot be empty
         np.save(partial, np.empty((0, encoder.dimension), dtype=np.float32))
         matrix = np.empty((0, encoder.dimension), dtype=np.float32)
@@ -129,25 +140,22 @@ def encode_corpus(
             )
             matrix[chunk_start : chunk_start + len(chunk)] = vectors
             matrix.flush()  # rows on disk before the progress file says they are
-            write_text_atomic(progress_file, json.dumps({**identity, "done": chunk_start + len(chunk)}))
+            write_text_atomic(progress_file, json.dumps({**meta, "done": chunk_start + len(chunk)}))
     if len(ids) != rows:
         raise RuntimeError(f"{dataset.corpus_path} changed while it was encoded: {len(ids)} rows, not {rows}")
     del matrix
-    with atomic_file(stem.with_suffix(".ids")) as handle:
-        handle.write("\n".join(ids) + "\n")
-    os.replace(partial, stem.with_suffix(".npy"))
-    write_text_atomic(meta_file, json.dumps(identity, indent=2))
+    meta_file = complete_part(output, shard.index, shard.count, partial, ids, meta)
     progress_file.unlink(missing_ok=True)
     return meta_file
 
 
-def _resume_point(progress_file: Path, partial: Path, identity: dict) -> int:
+def _resume_point(progress_file: Path, partial: Path, meta: dict) -> int:
     """Rows already encoded by an earlier run with the same model, settings and corpus, else 0."""
     if not (progress_file.is_file() and partial.is_file()):
         return 0
     saved = json.loads(progress_file.read_text(encoding="utf-8"))
     done = saved.pop("done", 0)
-    if saved != json.loads(json.dumps(identity)):
+    if saved != json.loads(json.dumps(meta)):
         log.warning("%s was made by another model, setting or corpus; starting over", partial)
         return 0
     return int(done)

@@ -1,14 +1,16 @@
 """Saved embeddings: float32 `.npy` parts beside their ids, loadable memory-mapped.
 
 A folder holds the parts of one encoding, `part-<i>-of-<n>` for i in 0..n-1 (one part when the
-corpus was not sharded). Each part is three files: `.npy` (rows in corpus order), `.ids` (one id a
-line) and `.json` (what made it). The `.json` is written last, atomically: a part without one is
-incomplete and is never read.
+corpus was not sharded), and densekit's manifest, whose identity (the model's weights and settings,
+the corpus's digest, the sharding, MaxP) every part repeats. Each part is three files: `.npy` (rows
+in corpus order), `.ids` (one id a line) and `.json` (its rows and the checksums of the other two).
+The `.json` is written last, atomically: a part without one is incomplete and is never read.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,13 +20,31 @@ from typing import Any
 import numpy as np
 
 from densekit.data.diagnostics import DataError, Problem
+from densekit.io.artefact import differences, read_manifest
+from densekit.io.atomic import atomic_file, write_text_atomic
+from densekit.io.fingerprint import file_digest
 
+KIND = "embeddings"
+PART_PATTERNS = ("part-*", ".part-*")  # what an embedding folder of densekit's holds
 _PART_META = re.compile(r"^part-(\d{5})-of-(\d{5})\.json$")
 
 
 def part_stem(index: int, count: int) -> str:
     """The file name stem of part `index` of `count`."""
     return f"part-{index:05d}-of-{count:05d}"
+
+
+def complete_part(folder: Path, index: int, count: int, vectors: Path, ids: list[str], meta: dict) -> Path:
+    """Make part `index` of `count` complete: its ids, its vectors (moved from `vectors`, a finished
+    `.npy`), then its `.json` with their checksums, last. Returns the `.json`."""
+    stem = Path(folder) / part_stem(index, count)
+    with atomic_file(stem.with_suffix(".ids")) as handle:
+        handle.write("".join(f"{doc_id}\n" for doc_id in ids))
+    os.replace(vectors, stem.with_suffix(".npy"))
+    checksums = {suffix: file_digest(stem.with_suffix(f".{suffix}")) for suffix in ("npy", "ids")}
+    meta_file = stem.with_suffix(".json")
+    write_text_atomic(meta_file, json.dumps({**meta, "checksums": checksums}, indent=2))
+    return meta_file
 
 
 @dataclass(frozen=True)
@@ -43,26 +63,49 @@ class EmbeddingPart:
 
     def vectors(self, mmap: bool = True) -> np.ndarray:
         """The part's vectors, memory-mapped read-only unless `mmap` is False."""
-        return np.load(self.stem.with_suffix(".npy"), mmap_mode="r" if mmap else None)
+        path = self.stem.with_suffix(".npy")
+        try:
+            return np.load(path, mmap_mode="r" if mmap else None)
+        except (ValueError, OSError) as err:
+            raise DataError([Problem(path, None, f"not a readable .npy file ({err})")]) from None
 
     def ids(self) -> list[str]:
         """The ids of the part's rows, in order."""
         return self.stem.with_suffix(".ids").read_text(encoding="utf-8").splitlines()
 
+    def verify(self) -> None:
+        """Check the part's files against the checksums saved when it was written."""
+        for suffix, expected in self.meta.get("checksums", {}).items():
+            path = self.stem.with_suffix(f".{suffix}")
+            if not path.is_file():
+                raise DataError([Problem(path, None, "missing: the embedding part is incomplete")])
+            if file_digest(path) != expected:
+                raise DataError(
+                    [Problem(path, None, "its checksum differs from the one saved when it was written: "
+                             "the file is damaged or was changed; encode this part again")]
+                )  # fmt: skip
+
 
 class EmbeddingStore:
-    """A complete embedding folder: every part present, all of one model and dimension."""
+    """A complete embedding folder: every part present, checked, all of one identity."""
 
-    def __init__(self, folder: Path, parts: list[EmbeddingPart]):
+    def __init__(self, folder: Path, parts: list[EmbeddingPart], identity: dict[str, Any], about: dict):
         self.folder = folder
         self.parts = parts
+        self.identity = identity
+        self.about = about
 
     @classmethod
     def open(cls, folder: Path | str) -> EmbeddingStore:
-        """Open `folder`, raising `DataError` if a part is missing or the parts disagree."""
+        """Open `folder`, raising `DataError` if it is not densekit's, a part is missing, damaged or
+        made by something else than the folder's manifest says."""
         folder = Path(folder)
         if not folder.is_dir():
             raise DataError([Problem(folder, None, "embedding folder not found")])
+        manifest = read_manifest(folder)
+        if manifest is None or manifest.kind != KIND:
+            what = "no densekit manifest" if manifest is None else f"it holds {manifest.kind}"
+            raise DataError([Problem(folder, None, f"not an embedding folder of densekit's ({what})")])
         found: dict[int, EmbeddingPart] = {}
         counts = set()
         for meta_file in sorted(folder.iterdir()):
@@ -86,21 +129,33 @@ class EmbeddingStore:
                 [Problem(folder, None, f"missing or incomplete parts {listed}: encode them with --shard")]
             )
         parts = [found[i] for i in range(count)]
-        for key in ("dimension", "model", "corpus_fingerprint"):
-            values = {json.dumps(p.meta.get(key), sort_keys=True) for p in parts}
-            if len(values) > 1:
-                raise DataError([Problem(folder, None, f"parts disagree on {key}: {sorted(values)}")])
-        return cls(folder, parts)
+        for part in parts:
+            changed = differences(manifest.identity, part.meta.get("identity"))
+            if changed:
+                raise DataError(
+                    [Problem(part.stem.with_suffix(".json"), None,
+                             f"made by another model, setting or corpus than the folder (differs in: "
+                             f"{', '.join(changed)})")]
+                )  # fmt: skip
+            part.verify()
+            if len(part.ids()) != int(part.meta["rows"]):
+                raise DataError([Problem(part.stem.with_suffix(".ids"), None, f"{len(part.ids())} ids for "
+                                         f"{part.meta['rows']} rows")])
+            shape = part.vectors().shape
+            if shape != (int(part.meta["rows"]), int(part.meta["dimension"])):
+                raise DataError([Problem(part.stem.with_suffix(".npy"), None, f"holds {shape} vectors, "
+                                         f"not the {part.meta['rows']} x {part.meta['dimension']} recorded")])
+        return cls(folder, parts, manifest.identity, manifest.about)
 
     @property
-    def meta(self) -> dict[str, Any]:
-        """What made these embeddings (model, encoder settings, corpus), from the first part."""
-        return self.parts[0].meta
+    def maxp(self) -> dict | None:
+        """How documents were cut into passages (MaxP), or None for one vector a document."""
+        return self.identity.get("maxp")
 
     @property
     def dimension(self) -> int:
         """The vectors' size."""
-        return int(self.meta["dimension"])
+        return int(self.parts[0].meta["dimension"])
 
     def __len__(self) -> int:
         return sum(int(p.meta["rows"]) for p in self.parts)

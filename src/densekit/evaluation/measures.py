@@ -10,6 +10,8 @@ from ir_measures import Measure
 from densekit.data.records import Qrels, Run
 
 DEFAULT_MEASURES = ("nDCG@10", "RR@10", "R@100", "R@1000", "AP")
+SCORES_KIND = "scores"  # the aggregates as JSON, keyed by measure name
+PER_QUERY_KIND = "per-query scores"
 
 
 def parse_measures(names: Iterable[str]) -> list[Measure]:

@@ -1,7 +1,9 @@
 """Building, saving, loading and searching Faiss indexes.
 
-An index folder holds `index.faiss`, `ids.txt` (row i's document id) and `index.json` (the spec,
-and the model and settings of the embeddings it was built from). Folders are written atomically.
+An index folder holds `index.faiss`, `ids.txt` (row i's document id), `index.json` (the spec, rows,
+dimension and MaxP settings) and densekit's manifest: the identity of the embeddings it was built
+from (model weights and settings, corpus digest) and a checksum of each file, checked on load.
+Folders are written atomically and only ever replace an index folder densekit made.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from densekit.data.records import Run
 from densekit.encoding.passages import MaxPSettings, best_passage_run
 from densekit.encoding.store import EmbeddingStore
 from densekit.index.spec import IndexSpec
-from densekit.io.atomic import atomic_dir
+from densekit.io.artefact import artefact_dir, check_artefact_dir, read_manifest, verify
+from densekit.io.outputs import check_not_input
 from densekit.progress import progress_bar
 from densekit.retrieval.hits import Hits
 
@@ -29,6 +32,7 @@ log = logging.getLogger("densekit")
 INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.txt"
 META_FILE = "index.json"
+KIND = "index"
 _ADD_BATCH = 65536
 _MAX_TRAINING_POINTS = 256 * 1024
 
@@ -36,7 +40,13 @@ _MAX_TRAINING_POINTS = 256 * 1024
 def build_index(
     store: EmbeddingStore, spec: IndexSpec, output: Path, seed: int = 0, show_progress: bool = True
 ) -> Path:
-    """Build an index of `spec` over `store`, part by part, and save it atomically to `output`."""
+    """Build an index of `spec` over `store`, part by part, and save it atomically to `output`.
+
+    `output` must be new, empty or an index folder densekit made; anything else is refused before
+    any work, and so is an output that is, or holds, the embedding folder.
+    """
+    check_not_input(output, [store.folder])
+    check_artefact_dir(output, KIND)
     rows, dimension = len(store), store.dimension
     if rows == 0:
         raise DataError([Problem(store.folder, None, "no embeddings to index")])
@@ -48,14 +58,10 @@ def build_index(
                 batch = np.ascontiguousarray(vectors[start : start + _ADD_BATCH], dtype=np.float32)
                 index.add(batch)
                 advance(len(batch))
-    meta = {
-        "spec": spec.model_dump(),
-        "rows": rows,
-        "dimension": dimension,
-        "maxp": store.meta.get("maxp"),
-        "embeddings": store.meta,
-    }
-    with atomic_dir(output) as tmp:
+    meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp}
+    identity = {"embeddings": store.identity, "spec": spec.model_dump()}
+    about = {**store.about, "embeddings": str(store.folder)}
+    with artefact_dir(output, KIND, identity, about) as tmp:
         faiss.write_index(index, str(tmp / INDEX_FILE))
         (tmp / IDS_FILE).write_text("\n".join(store.ids()) + "\n", encoding="utf-8")
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
@@ -89,13 +95,20 @@ class SearchIndex:
     """A loaded index: search it with query vectors, get document ids and scores back."""
 
     def __init__(
-        self, index: faiss.Index, ids: list[str], meta: dict[str, Any], folder: Path, gpu: bool = False
+        self,
+        index: faiss.Index,
+        ids: list[str],
+        meta: dict[str, Any],
+        folder: Path,
+        gpu: bool = False,
+        identity: dict[str, Any] | None = None,
     ):
         self.index = index
         self.parameters = faiss.GpuParameterSpace() if gpu else faiss.ParameterSpace()
         self.ids = np.asarray(ids, dtype=object)
         self.meta = meta
         self.folder = folder
+        self.identity = identity  # what the saved index was built from; None for one held in memory
         self.spec = IndexSpec(**meta["spec"])
         self.set_search_parameters()
 
@@ -123,19 +136,29 @@ class SearchIndex:
 
     @classmethod
     def load(cls, folder: Path | str, gpu: bool = False) -> SearchIndex:
-        """Load a saved index; `gpu` moves it onto every GPU faiss sees, and fails if there is none."""
+        """Load a saved index after checking its files against their checksums; `gpu` moves it onto
+        every GPU faiss sees, and fails if there is none."""
         folder = Path(folder)
-        meta_file = folder / META_FILE
-        if not meta_file.is_file():
-            raise DataError([Problem(folder, None, f"not an index folder: {META_FILE} missing")])
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        index = faiss.read_index(str(folder / INDEX_FILE))
+        if not folder.is_dir():
+            raise DataError([Problem(folder, None, "index folder not found")])
+        manifest = read_manifest(folder)
+        if manifest is None or manifest.kind != KIND:
+            what = "no densekit manifest" if manifest is None else f"it holds {manifest.kind}"
+            raise DataError([Problem(folder, None, f"not an index folder of densekit's ({what})")])
+        verify(folder, manifest)
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+        try:
+            index = faiss.read_index(str(folder / INDEX_FILE))
+        except RuntimeError as err:
+            message = str(err).strip().splitlines()[-1] if str(err).strip() else "unreadable"
+            problem = Problem(folder / INDEX_FILE, None, f"faiss cannot read it: {message}")
+            raise DataError([problem]) from None
         ids = (folder / IDS_FILE).read_text(encoding="utf-8").splitlines()
         if len(ids) != index.ntotal:
             raise DataError([Problem(folder / IDS_FILE, None, f"{len(ids)} ids for {index.ntotal} vectors")])
         if gpu:
             index = _to_gpus(index, meta["spec"]["type"])
-        return cls(index, ids, meta, folder, gpu=gpu)
+        return cls(index, ids, meta, folder, gpu=gpu, identity=manifest.identity)
 
     @property
     def dimension(self) -> int:

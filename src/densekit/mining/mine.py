@@ -13,23 +13,29 @@ from densekit.data.dataset import Dataset
 from densekit.data.records import Run
 from densekit.encoding.embed import embed_texts
 from densekit.index import SearchIndex
-from densekit.io.atomic import write_text_atomic
+from densekit.io.outputs import check_file_output, write_output_text
 from densekit.mining.filters import MiningSettings, choose_negatives
 from densekit.models.encoder import DenseEncoder
 from densekit.progress import progress_bar
 from densekit.retrieval.bm25 import BM25Index
 from densekit.retrieval.dense import check_compatible
 from densekit.retrieval.in_memory import index_corpus
-from densekit.training.examples import TrainingExample, examples_from_qrels, write_examples
+from densekit.training.examples import EXAMPLES_KIND, TrainingExample, examples_from_qrels, write_examples
 
 log = logging.getLogger("densekit")
 
 Source = Literal["bm25", "dense", "none"]
+REPORT_KIND = "mining report"
 
 
 def report_path(output: Path) -> Path:
     """Where the mining report of a training file goes."""
     return Path(f"{output}.report.json")
+
+
+def write_report(output: Path, report: dict, inputs: list) -> None:
+    """Write the mining report beside the training file."""
+    write_output_text(report_path(output), REPORT_KIND, json.dumps(report, indent=2) + "\n", inputs=inputs)
 
 
 def bm25_candidates(
@@ -85,13 +91,21 @@ def mine(
     batch_size: int = 64,
     show_progress: bool = True,
 ) -> dict:
-    """Write examples for `split` to `output` atomically, with a report beside it; returns the report."""
+    """Write examples for `split` to `output` atomically, with a report beside it; returns the report.
+
+    A saved index (`index_dir`) must have been built by `encoder` from this collection's corpus.
+    """
+    inputs = [dataset.root, *([index_dir] if index_dir is not None else [])]
+    if encoder is not None:
+        inputs.append(encoder.source)
+    check_file_output(output, EXAMPLES_KIND, inputs)
+    check_file_output(report_path(output), REPORT_KIND, inputs)
     queries, qrels = dataset.split_queries(split)
     examples = examples_from_qrels(queries, qrels, min_relevance)
     if source == "none":
-        write_examples(output, examples)
+        write_examples(output, examples, inputs)
         report = {"source": "none", "queries": len(examples), "negatives_written": 0}
-        write_text_atomic(report_path(output), json.dumps(report, indent=2) + "\n")
+        write_report(output, report, inputs)
         return report
     documents = list(dataset.iter_corpus())
     texts = {doc.id: doc.full_text for doc in documents}
@@ -103,18 +117,18 @@ def mine(
     elif source == "dense":
         if encoder is None:
             raise ValueError("dense mining needs a model")
-        index = (
-            SearchIndex.load(index_dir)
-            if index_dir is not None
-            else index_corpus(encoder, documents, batch_size, show_progress=show_progress)
-        )
+        if index_dir is not None:
+            index = SearchIndex.load(index_dir)
+            check_compatible(encoder, index, dataset)
+        else:
+            index = index_corpus(encoder, documents, batch_size, show_progress=show_progress)
         ranked, positive_scores = dense_candidates(
             encoder, index, texts, examples, depth, batch_size, show_progress
         )
     else:
         raise ValueError(f"unknown source {source!r}: expected bm25, dense or none")
     mined, tally = choose_negatives(examples, ranked, positive_scores, texts, settings)
-    write_examples(output, mined)
+    write_examples(output, mined, inputs)
     report = tally.as_dict(settings, source)
-    write_text_atomic(report_path(output), json.dumps(report, indent=2) + "\n")
+    write_report(output, report, inputs)
     return report

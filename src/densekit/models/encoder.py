@@ -9,12 +9,14 @@ from typing import Any
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from densekit.io.atomic import atomic_dir
+from densekit.io.artefact import artefact_dir
 from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
+from densekit.models.fingerprint import weights_fingerprint
 from densekit.models.hub import resolve_model_path
 from densekit.models.pooling import pool
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
 
+MODEL_KIND = "model"
 QUERY_TOWER = "query_encoder"
 PASSAGE_TOWER = "passage_encoder"
 
@@ -69,6 +71,14 @@ class DenseEncoder(torch.nn.Module):
         tokenizer = AutoTokenizer.from_pretrained(backbone_path, trust_remote_code=trust_remote_code)
         return cls(backbone, tokenizer, config, passage, source=str(name_or_path))
 
+    def fingerprint(self) -> str:
+        """A digest of the weights (both towers) and the tokenizer, as they are now."""
+        return weights_fingerprint([self.query_backbone, self.passage_backbone], self.tokenizer)
+
+    def identity(self) -> dict[str, Any]:
+        """What an artefact made with this encoder records of it: weights and every setting."""
+        return {"weights": self.fingerprint(), "settings": self.config.model_dump()}
+
     @property
     def dimension(self) -> int:
         """The size of the vectors this encoder produces."""
@@ -121,8 +131,10 @@ class DenseEncoder(torch.nn.Module):
         return vectors
 
     def save(self, path: str | Path) -> None:
-        """Save atomically: safetensors, `densekit.json`, and sentence-transformers files when tied."""
-        with atomic_dir(path) as tmp:
+        """Save atomically: safetensors, `densekit.json`, and sentence-transformers files when tied.
+
+        `path` must be new, empty or a model folder densekit saved (which is replaced)."""
+        with artefact_dir(path, MODEL_KIND, self.identity(), {"source": self.source}) as tmp:
             if self.config.tied:
                 self.query_backbone.save_pretrained(tmp, safe_serialization=True)
                 write_st_files(tmp, self.config, self.dimension)

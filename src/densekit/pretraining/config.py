@@ -74,6 +74,10 @@ class PretrainConfig(RunConfig):
     retromae: RetroMAESection = RetroMAESection()
     optim: OptimSection = OptimSection(learning_rate=1e-4, batch_size=32)
 
+    def input_paths(self) -> dict[str, str]:
+        """The starting model and the corpus."""
+        return {"model.path": self.model.path, "data.path": self.data.path}
+
     @model_validator(mode="after")
     def _grad_cache_for_cocondenser(self) -> PretrainConfig:
         if self.grad_cache.enabled and self.method != "cocondenser":

@@ -13,13 +13,20 @@ from densekit.training import distributed
 from densekit.training.run import start_run
 from densekit.training.trainer import Trainer
 
+RUN_KIND = "pre-training run"
+
 
 def run_pretraining(
-    config: PretrainConfig, output: Path, resume: bool = False, show_progress: bool = True
+    config: PretrainConfig,
+    output: Path,
+    resume: bool | None = False,
+    show_progress: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Pre-train as `config` says; the encoder without heads is saved to `output/model`."""
+    """Pre-train as `config` says; the encoder without heads is saved to `output/model`. `resume` and
+    `overwrite` are those of `run_training`."""
     output = Path(output)
-    device, config_yaml = start_run(config, output)
+    device, config_yaml, resumed = start_run(config, output, RUN_KIND, resume, overwrite)
     mlm = MaskedLanguageModel.load(config.model.path, config.model.trust_remote_code)
     whole_documents = config.method == "cocondenser"
     corpus = tokenize_corpus(
@@ -33,4 +40,4 @@ def run_pretraining(
     trainer = Trainer(
         task, config.optim, config.checkpoint, output, config_yaml, config.log_every, None, show_progress
     )
-    return trainer.train(resume=resume)
+    return trainer.train(resume=resumed)

@@ -5,10 +5,13 @@ A recipe is YAML: free sections of values (`data`, `model`, ...) that strings re
 with a `type` (mine, train, encode, index, search, bm25, evaluate) and its parameters. Any value can be
 overridden as `dotted.key=value` (`data.path=/some/beir/folder`, `steps.round1.config.optim.epochs=2`).
 
-Each finished step leaves `OUT/.steps/<name>.json` recording its resolved parameters. A step whose
-record matches is skipped; one started but not finished (killed) runs again and resumes where it can;
-one whose parameters changed has its outputs removed and runs from scratch, and so do the steps after
-it. The last evaluate step's scores are written to `OUT/metrics.json`.
+Each finished step leaves `OUT/.steps/<name>.json` recording its resolved parameters and the digests
+of its inputs' content (collections, models, runs, embeddings). A step whose record matches is
+skipped; one started but not finished (killed) runs again and resumes where it can; one whose
+parameters or inputs changed runs from scratch, and so do the steps after it: its outputs that
+densekit made are replaced, and an output that densekit did not make is refused, never removed.
+Overrides must name keys the recipe has (or a step's parameters, which are validated). The last
+evaluate step's scores are written to `OUT/metrics.json`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -25,14 +27,21 @@ import yaml
 from pydantic import ValidationError
 
 from densekit.configuration import apply_overrides, read_yaml
+from densekit.data.dataset import input_fingerprint
 from densekit.data.diagnostics import DataError, Problem
+from densekit.io.artefact import write_folder_manifest
 from densekit.io.atomic import write_text_atomic
+from densekit.io.outputs import claim_folder
+from densekit.models.hub import resolve_model_path
 from densekit.recipes.steps import STEP_TYPES, EvaluateStep, Step, TrainerStep, describe
 from densekit.training import distributed
 
 log = logging.getLogger("densekit")
 
 MARKERS = ".steps"
+KIND = "recipe run"
+# What a recipe run writes in its folder beside its steps' outputs (which carry their own manifests).
+RECIPE_ENTRIES = (MARKERS, "recipe.yaml", "timings.json", "metrics.json")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.]*)\}")
 _RESERVED = {"description", "expected", "steps"}
 
@@ -68,9 +77,45 @@ def resolve(value: Any, context: dict[str, Any], where: str = "recipe") -> Any:
     raise ValueError(f"{where}: placeholders refer to each other in a loop")
 
 
+def _check_override_keys(path: Path, tree: dict[str, Any], overrides: list[str]) -> None:
+    """Refuse an override that names no key of the recipe: a typo would otherwise change nothing."""
+    steps = tree.get("steps") if isinstance(tree.get("steps"), dict) else {}
+    for override in overrides:
+        key = override.partition("=")[0]
+        parts = key.split(".")
+        if parts[0] == "steps":
+            if len(parts) < 3 or parts[1] not in steps:
+                raise ValueError(
+                    f"override {override!r}: {Path(path).name} has no step {'.'.join(parts[:2])!r} "
+                    f"(its steps: {', '.join(steps)})"
+                )
+            continue  # a step's keys are checked against its parameters
+        node: Any = tree
+        for depth, part in enumerate(parts):
+            if not isinstance(node, dict) or part not in node:
+                known = ", ".join(_dotted_keys(tree, exclude={"steps"}))
+                raise ValueError(
+                    f"override {override!r}: {Path(path).name} has no key {'.'.join(parts[: depth + 1])!r}"
+                    f" (its keys: {known})"
+                )
+            node = node[part]
+
+
+def _dotted_keys(tree: dict[str, Any], prefix: str = "", exclude: set[str] = frozenset()) -> list[str]:
+    keys = []
+    for key, value in tree.items():
+        if key in exclude:
+            continue
+        name = f"{prefix}{key}"
+        keys.extend(_dotted_keys(value, f"{name}.") if isinstance(value, dict) else [name])
+    return keys
+
+
 def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[str, Any], dict[str, Step]]:
     """The recipe's resolved tree and its steps, validated, in order."""
-    tree = apply_overrides(read_yaml(path), overrides)
+    tree = read_yaml(path)
+    _check_override_keys(path, tree, overrides)
+    tree = apply_overrides(tree, overrides)
     steps_tree = tree.get("steps")
     if not isinstance(steps_tree, dict) or not steps_tree:
         raise DataError([Problem(Path(path), None, "a recipe needs a mapping of named steps under `steps`")])
@@ -103,9 +148,23 @@ def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[st
     return tree, steps
 
 
-def _same(recorded: str, described: str) -> bool:
-    """Whether recorded parameters equal the step's, whatever the order of their keys."""
-    return yaml.safe_load(recorded) == yaml.safe_load(described)
+def step_record(step: Step) -> dict[str, Any]:
+    """What a step's markers record: its resolved parameters and the digests of its inputs."""
+    inputs = {path: input_fingerprint(resolve_model_path(path)) for path in step.inputs()}
+    return {"parameters": describe(step), "inputs": inputs}
+
+
+def _same(recorded: dict[str, Any] | None, record: dict[str, Any]) -> bool:
+    """Whether a marker records this very step: equal parameters (whatever the order of their keys)
+    and inputs of the same content."""
+    if recorded is None:
+        return False
+    same_parameters = yaml.safe_load(recorded["parameters"]) == yaml.safe_load(record["parameters"])
+    return same_parameters and recorded.get("inputs") == record["inputs"]
+
+
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def run_recipe(
@@ -114,14 +173,23 @@ def run_recipe(
     overrides: list[str] | None = None,
     device: str = "auto",
     show_progress: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, float]:
-    """Run every step not yet done; returns the final evaluation."""
+    """Run every step not yet done; returns the final evaluation.
+
+    `output` must be new, empty, or a run of a recipe with the same steps (continued); one of another
+    recipe is replaced only with `overwrite`, and a folder densekit did not make never.
+    """
     if distributed.world_size() > 1:
         raise RuntimeError(
             "run recipes in one process; launch multi-process training with torchrun densekit train"
         )
     output = Path(output)
     _, steps = load_recipe(path, output, overrides or [])
+    identity = {"steps": {name: step.type for name, step in steps.items()}}  # type: ignore[attr-defined]
+    if claim_folder(output, KIND, identity, [path], overwrite, RECIPE_ENTRIES) == "new":
+        output.mkdir(parents=True, exist_ok=True)
+        write_folder_manifest(output, KIND, identity, {"recipe": str(path)})
     markers = output / MARKERS
     markers.mkdir(parents=True, exist_ok=True)
     write_text_atomic(
@@ -131,24 +199,24 @@ def run_recipe(
     timings: dict[str, float] = {}
     upstream_ran = False
     for name, step in steps.items():
-        described = describe(step)
+        record = step_record(step)
         done, started = markers / f"{name}.json", markers / f"{name}.started"
-        record = json.loads(done.read_text(encoding="utf-8")) if done.is_file() else None
-        if record is not None and _same(record["parameters"], described) and not upstream_ran:
+        finished = _read_marker(done)
+        if _same(finished, record) and not upstream_ran:
             log.info("step %s: already done", name)
-            timings[name] = record["seconds"]
+            timings[name] = finished["seconds"]  # type: ignore[index]
             continue
-        began_as = started.read_text(encoding="utf-8") if started.is_file() else None
-        if record is not None or (began_as is not None and (not _same(began_as, described) or upstream_ran)):
+        began = _read_marker(started)
+        start_over = finished is not None or upstream_ran or (began is not None and not _same(began, record))
+        if start_over:
             log.info("step %s: its parameters or inputs changed; starting it over", name)
-            _remove(step.outputs())
         done.unlink(missing_ok=True)
-        write_text_atomic(started, described)
+        write_text_atomic(started, json.dumps(record, indent=2))
         log.info("step %s (%s)", name, step.type)  # type: ignore[attr-defined]
         begun = time.perf_counter()
-        step.run(device, show_progress)  # type: ignore[attr-defined]
+        step.run(device, show_progress, start_over)  # type: ignore[attr-defined]
         timings[name] = round(time.perf_counter() - begun, 1)
-        write_text_atomic(done, json.dumps({"parameters": described, "seconds": timings[name]}, indent=2))
+        write_text_atomic(done, json.dumps({**record, "seconds": timings[name]}, indent=2))
         started.unlink(missing_ok=True)
         upstream_ran = True
     write_text_atomic(output / "timings.json", json.dumps(timings, indent=2) + "\n")
@@ -158,11 +226,3 @@ def run_recipe(
     metrics = json.loads(Path(evaluations[-1].output).read_text(encoding="utf-8"))
     write_text_atomic(output / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return metrics
-
-
-def _remove(paths: list[Path]) -> None:
-    for path in paths:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)

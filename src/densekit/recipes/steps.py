@@ -11,13 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from densekit.configuration import dump_config, validate_config
 from densekit.data.dataset import Dataset
 from densekit.data.diagnostics import Diagnostics
-from densekit.data.trec import read_run, write_run
+from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.device import resolve_device
 from densekit.encoding.store import EmbeddingStore
-from densekit.evaluation import DEFAULT_MEASURES, evaluate
+from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
 from densekit.index import IndexSpec, SearchIndex, build_index
-from densekit.io.atomic import write_text_atomic
+from densekit.io.outputs import check_file_output, write_output_text
 from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
 from densekit.models import DenseEncoder
@@ -30,13 +30,18 @@ from densekit.training.run import run_training
 
 
 class Step(BaseModel):
-    """Parameters common to every step."""
+    """Parameters common to every step.
+
+    `run(device, show_progress, overwrite)` does the step's work; `overwrite` is set when the runner
+    starts a step over (its parameters or inputs changed), and lets a folder output that densekit made
+    for the step's earlier parameters be replaced. Nothing a step did not make is ever replaced.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    def outputs(self) -> list[Path]:
-        """What the step writes (removed before it is run again with other parameters)."""
-        return [Path(self.output)]  # type: ignore[attr-defined]
+    def inputs(self) -> list[str]:
+        """The paths (or hub ids) the step reads; their content is part of its completion marker."""
+        return []
 
 
 class MineStep(Step):
@@ -52,15 +57,15 @@ class MineStep(Step):
     settings: MiningSettings = MiningSettings()
     batch_size: int = 64
 
-    def run(self, device: str, show_progress: bool) -> None:
+    def inputs(self) -> list[str]:
+        return [self.data, *(p for p in (self.model, self.index) if p is not None)]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Mine and write the training file."""
         encoder = DenseEncoder.load(self.model).to(resolve_device(device)) if self.model else None
         index = Path(self.index) if self.index else None
         mine(Dataset.open(self.data), self.split, Path(self.output), self.source, self.settings, encoder,
              index, batch_size=self.batch_size, show_progress=show_progress)  # fmt: skip
-
-    def outputs(self) -> list[Path]:
-        return [Path(self.output), Path(f"{self.output}.report.json")]
 
 
 class TrainerStep(Step):
@@ -75,6 +80,9 @@ class TrainerStep(Step):
         """The step's config on `device`."""
         return validate_config({"device": device, **self.config}, self.config_type, source)
 
+    def inputs(self) -> list[str]:
+        return list(self.validated().input_paths().values())
+
 
 class TrainStep(TrainerStep):
     """`densekit train`."""
@@ -82,9 +90,9 @@ class TrainStep(TrainerStep):
     type: Literal["train"]
     config_type: ClassVar[type[RunConfig]] = TrainConfig
 
-    def run(self, device: str, show_progress: bool) -> None:
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Train to the end (resuming if the step was started before)."""
-        run_training(self.validated(device), Path(self.output), resume=True, show_progress=show_progress)
+        run_training(self.validated(device), Path(self.output), None, show_progress, overwrite)
 
 
 class PretrainStep(TrainerStep):
@@ -93,9 +101,9 @@ class PretrainStep(TrainerStep):
     type: Literal["pretrain"]
     config_type: ClassVar[type[RunConfig]] = PretrainConfig
 
-    def run(self, device: str, show_progress: bool) -> None:
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Pre-train to the end (resuming if the step was started before)."""
-        run_pretraining(self.validated(device), Path(self.output), resume=True, show_progress=show_progress)
+        run_pretraining(self.validated(device), Path(self.output), None, show_progress, overwrite)
 
 
 class EncodeStep(Step):
@@ -107,11 +115,14 @@ class EncodeStep(Step):
     output: str
     batch_size: int = 64
 
-    def run(self, device: str, show_progress: bool) -> None:
+    def inputs(self) -> list[str]:
+        return [self.model, self.data]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Encode the corpus."""
         encoder = DenseEncoder.load(self.model).to(resolve_device(device))
         encode_corpus(encoder, Dataset.open(self.data), Path(self.output), batch_size=self.batch_size,
-                      show_progress=show_progress)  # fmt: skip
+                      show_progress=show_progress, overwrite=overwrite)  # fmt: skip
 
 
 class IndexStep(Step):
@@ -122,7 +133,10 @@ class IndexStep(Step):
     output: str
     spec: IndexSpec = IndexSpec()
 
-    def run(self, device: str, show_progress: bool) -> None:
+    def inputs(self) -> list[str]:
+        return [self.embeddings]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Build and save the index."""
         build_index(
             EmbeddingStore.open(self.embeddings), self.spec, Path(self.output), show_progress=show_progress
@@ -141,9 +155,14 @@ class SearchStep(Step):
     k: int = 1000
     batch_size: int = 64
 
-    def run(self, device: str, show_progress: bool) -> None:
+    def inputs(self) -> list[str]:
+        return [self.model, self.index, self.data]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Search the split's queries and write the run."""
-        queries, _ = Dataset.open(self.data).split_queries(self.split)
+        check_file_output(self.output, RUN_KIND, self.inputs())
+        dataset = Dataset.open(self.data)
+        queries, _ = dataset.split_queries(self.split)
         encoder = DenseEncoder.load(self.model).to(resolve_device(device))
         run = dense_search(
             encoder,
@@ -152,8 +171,9 @@ class SearchStep(Step):
             self.k,
             self.batch_size,
             show_progress=show_progress,
+            dataset=dataset,
         )
-        write_run(Path(self.output), run)
+        write_run(Path(self.output), run, inputs=self.inputs())
 
 
 class BM25Step(Step):
@@ -166,14 +186,19 @@ class BM25Step(Step):
     k: int = 1000
     config: BM25Config = BM25Config()
 
-    def run(self, device: str, show_progress: bool) -> None:
+    def inputs(self) -> list[str]:
+        return [self.data]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Rank with BM25 and write the run."""
+        check_file_output(self.output, RUN_KIND, self.inputs())
         dataset = Dataset.open(self.data)
         queries, _ = dataset.split_queries(self.split)
         write_run(
             Path(self.output),
             BM25Index(dataset.iter_corpus(), self.config, show_progress).search(queries, self.k),
             tag="bm25",
+            inputs=self.inputs(),
         )
 
 
@@ -187,11 +212,15 @@ class EvaluateStep(Step):
     output: str
     measures: list[str] = list(DEFAULT_MEASURES)
 
-    def run(self, device: str, show_progress: bool) -> None:
+    def inputs(self) -> list[str]:
+        return [self.data, self.run_file]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Score the run and write the JSON."""
+        check_file_output(self.output, SCORES_KIND, self.inputs())
         qrels = Dataset.open(self.data).qrels(self.split)
         scores = evaluate(qrels, read_run(Path(self.run_file), Diagnostics()), self.measures)
-        write_text_atomic(Path(self.output), json.dumps(scores, indent=2) + "\n")
+        write_output_text(self.output, SCORES_KIND, json.dumps(scores, indent=2) + "\n", inputs=self.inputs())
 
 
 STEP_TYPES: dict[str, type[Step]] = {

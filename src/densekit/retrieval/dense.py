@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from densekit.data.dataset import Dataset
 from densekit.data.records import Run
 from densekit.encoding.device import Precision
 from densekit.encoding.embed import embed_texts
@@ -14,23 +15,38 @@ from densekit.progress import progress_bar
 log = logging.getLogger("densekit")
 
 
-def check_compatible(encoder: DenseEncoder, index: SearchIndex) -> None:
-    """Fail when the encoder cannot search the index; warn when it is not the one that built it."""
+# Settings that shape passage vectors; the query-side ones may be changed at search time.
+_PASSAGE_SETTINGS = ("pooling", "normalize", "passage_max_length", "passage_prefix", "tied")
+
+
+def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset | None = None) -> None:
+    """Fail when `encoder` cannot search `index`: another dimension, or, for a saved index, other
+    weights or passage settings than those that made it, or (given `dataset`) another corpus."""
     if encoder.dimension != index.dimension:
         raise ValueError(
             f"the encoder makes {encoder.dimension}-dimensional vectors; {index.folder} holds "
             f"{index.dimension}-dimensional ones"
         )
-    built_with = index.meta.get("embeddings", {})
-    if built_with.get("encoder_config", {}).get("normalize") not in (None, encoder.config.normalize):
-        log.warning(
-            "the index was built from %snormalised embeddings; the queries are %snormalised",
-            "" if built_with["encoder_config"]["normalize"] else "un",
-            "" if encoder.config.normalize else "un",
+    if index.identity is None:
+        return
+    made = index.identity["embeddings"]
+    if made["model"]["weights"] != encoder.fingerprint():
+        raise ValueError(
+            f"{index.folder} was built from the embeddings of other model weights than {encoder.source}'s; "
+            "search it with the model that made it, or encode and index the corpus again"
         )
-    if built_with.get("model") not in (None, encoder.source):
-        log.warning(
-            "the index was built with %s, the queries use %s", built_with.get("model"), encoder.source
+    saved = made["model"]["settings"]
+    changed = [f"{k} {saved.get(k)!r} there, {getattr(encoder.config, k)!r} here"
+               for k in _PASSAGE_SETTINGS if saved.get(k) != getattr(encoder.config, k)]  # fmt: skip
+    if changed:
+        raise ValueError(
+            f"{index.folder} was built from passages encoded with other settings ({'; '.join(changed)}); "
+            "use the same settings or encode the corpus again"
+        )
+    if dataset is not None and made["corpus"] != dataset.corpus_digest():
+        raise ValueError(
+            f"{index.folder} was built from another corpus than {dataset.corpus_path} (its bytes differ); "
+            "index this corpus, or search the collection the index was made from"
         )
 
 
@@ -43,9 +59,11 @@ def dense_search(
     precision: Precision = "float32",
     skip_self: bool = True,
     show_progress: bool = True,
+    dataset: Dataset | None = None,
 ) -> Run:
-    """The top `k` documents of `index` for each query."""
-    check_compatible(encoder, index)
+    """The top `k` documents of `index` for each query; `dataset`, the collection the queries come
+    from, must be the one a saved index was built from."""
+    check_compatible(encoder, index, dataset)
     query_ids = list(queries)
     with progress_bar("encoding queries", len(query_ids), show_progress) as advance:
         vectors = embed_texts(

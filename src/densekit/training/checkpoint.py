@@ -4,10 +4,11 @@ A checkpoint is a folder `step-<n>` written atomically:
 
 - `state.safetensors`: the trained module's tensors (heads and all, for resuming);
 - `optimizer.safetensors` + `trainer_state.json`: optimizer moments, hyper-parameters, scheduler,
-  step, best evaluation;
+  fp16's loss scaler, step, best evaluation;
 - `rng.safetensors`: the CPU and GPU random states (dropout's), so a resumed run draws the same;
 - `model/`: the usable model (`densekit`, transformers and sentence-transformers load it);
-- `config.yaml`: the run's configuration.
+- `config.yaml`: the run's configuration;
+- densekit's manifest, with a checksum of every file, checked before a run resumes from it.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from densekit.io.atomic import atomic_dir
+from densekit.io.artefact import artefact_dir, verify
 
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
+KIND = "checkpoint"
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -75,14 +77,17 @@ def save_checkpoint(
     config_yaml: str,
     export: Any,
     device: torch.device,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> None:
     """Write a checkpoint folder atomically; `export(path)` writes the usable model."""
-    with atomic_dir(folder) as tmp:
+    with artefact_dir(folder, KIND, {"step": trainer_state["step"]}) as tmp:
         safetensors.torch.save_model(module, str(tmp / "state.safetensors"))
         tensors, rest = optimizer_tensors(optimizer)
         safetensors.torch.save_file(tensors, str(tmp / "optimizer.safetensors"))
         safetensors.torch.save_file(random_states(device), str(tmp / "rng.safetensors"))
         payload = {**trainer_state, "optimizer": rest, "scheduler": scheduler.state_dict()}
+        if scaler is not None:
+            payload["scaler"] = scaler.state_dict()
         (tmp / "trainer_state.json").write_text(json.dumps(payload, indent=2), encoding="utf-8")
         (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
         export(tmp / "model")
@@ -94,8 +99,11 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     device: torch.device,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, Any]:
-    """Restore a checkpoint into the given objects; returns the trainer state (step, best, ...)."""
+    """Check a checkpoint's files and restore it into the given objects; returns the trainer state
+    (step, best, ...)."""
+    verify(folder)
     missing, unexpected = safetensors.torch.load_model(
         module, str(folder / "state.safetensors"), device=str(device)
     )
@@ -107,6 +115,11 @@ def load_checkpoint(
     tensors = safetensors.torch.load_file(str(folder / "optimizer.safetensors"), device=str(device))
     restore_optimizer(optimizer, tensors, payload.pop("optimizer"))
     scheduler.load_state_dict(payload.pop("scheduler"))
+    scaler_state = payload.pop("scaler", None)
+    if scaler is not None:
+        if scaler_state is None:
+            raise ValueError(f"{folder}: the checkpoint holds no fp16 loss scaler; it was not an fp16 run")
+        scaler.load_state_dict(scaler_state)
     restore_random_states(safetensors.torch.load_file(str(folder / "rng.safetensors")), device)
     return payload
 

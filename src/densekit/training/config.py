@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -113,12 +113,23 @@ class CheckpointSection(Section):
 class RunConfig(Section):
     """What every run through the trainer has: optimisation, caching, checkpoints, seed, device, log."""
 
+    # Keys a resumed run may change: where and how it runs, never what it computes (gradient caching
+    # gives the gradients of the whole batch whatever its chunks).
+    RESUMABLE_CHANGES: ClassVar[tuple[str, ...]] = (
+        "device", "log_every", "checkpoint.keep", "grad_cache", "eval.batch_size",
+        "ance.threads", "ance.poll_seconds", "ance.max_restarts", "ance.batch_size",
+    )  # fmt: skip
+
     optim: OptimSection = OptimSection()
     grad_cache: GradCacheSection = GradCacheSection()
     checkpoint: CheckpointSection = CheckpointSection()
     seed: int = 42
     device: str = "auto"
     log_every: int = Field(10, gt=0)
+
+    def input_paths(self) -> dict[str, str]:
+        """The run's inputs by their config keys (the model is a folder or a hub id)."""
+        return {}
 
 
 class TrainConfig(RunConfig):
@@ -129,6 +140,10 @@ class TrainConfig(RunConfig):
     loss: LossSection = LossSection()
     eval: EvalSection = EvalSection()
     ance: AnceSection = AnceSection()
+
+    def input_paths(self) -> dict[str, str]:
+        """The starting model, the collection and the training examples."""
+        return {"model.path": self.model.path, "data.path": self.data.path, "data.train": self.data.train}
 
     @model_validator(mode="after")
     def _chunks_fit(self) -> TrainConfig:

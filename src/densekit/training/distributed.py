@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 def init_from_environment(device: torch.device) -> None:
@@ -88,6 +92,23 @@ def all_reduce_mean(value: float) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return float(tensor.item()) / world_size()
+
+
+def on_main(work: Callable[[], T]) -> T:
+    """Run `work` on the main process only and give its result, or raise its error, on every process."""
+    if world_size() == 1:
+        return work()
+    box: list[Any] = [None]
+    if is_main():
+        try:
+            box[0] = ("ok", work())
+        except Exception as err:  # sent to the other processes, then raised everywhere
+            box[0] = ("error", err)
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status == "error":
+        raise value
+    return value
 
 
 def barrier() -> None:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from densekit.data.diagnostics import Diagnostics
 from densekit.data.lines import iter_lines
 from densekit.data.records import Qrels
-from densekit.io.atomic import atomic_file
+from densekit.io.outputs import output_file
 
 log = logging.getLogger("densekit")
 
@@ -75,10 +75,14 @@ def check_example_ids(
         )
 
 
-def write_examples(path: Path, examples: Iterable[TrainingExample]) -> int:
-    """Write examples atomically, one a line; returns how many."""
+EXAMPLES_KIND = "training examples"
+
+
+def write_examples(path: Path, examples: Iterable[TrainingExample], inputs: Iterable[Path | str] = ()) -> int:
+    """Write examples atomically, one a line, as a file output (see `densekit.io.outputs`); returns
+    how many."""
     count = 0
-    with atomic_file(path) as handle:
+    with output_file(path, EXAMPLES_KIND, inputs=inputs) as handle:
         for example in examples:
             handle.write(example.model_dump_json(exclude_none=True) + "\n")
             count += 1

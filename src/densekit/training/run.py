@@ -13,16 +13,18 @@ from densekit.configuration import dump_config
 from densekit.data.dataset import Dataset
 from densekit.data.diagnostics import Diagnostics
 from densekit.encoding.device import resolve_device
-from densekit.io.atomic import write_text_atomic
 from densekit.models.encoder import DenseEncoder
 from densekit.retrieval.in_memory import evaluate_encoder
 from densekit.training import distributed
 from densekit.training.config import ModelSection, RunConfig, TrainConfig
 from densekit.training.contrastive import ContrastiveTask
 from densekit.training.examples import check_example_ids, read_examples
+from densekit.training.run_folder import prepare_run_folder
 from densekit.training.trainer import EvaluationHook, Trainer
 
 log = logging.getLogger("densekit")
+
+RUN_KIND = "training run"
 
 
 def training_device(setting: str) -> torch.device:
@@ -43,27 +45,38 @@ def load_encoder(model: ModelSection) -> DenseEncoder:
     )
 
 
-def start_run(config: RunConfig, output: Path) -> tuple[torch.device, str]:
-    """What every run does first: pick the device, join the process group, seed, save the config.
+def start_run(
+    config: RunConfig, output: Path, kind: str, resume: bool | None, overwrite: bool
+) -> tuple[torch.device, str, bool]:
+    """What every run does first: pick the device, join the process group, seed, and check that the
+    output folder may take this run (see `prepare_run_folder`), saving the config there.
 
-    Returns the device and the config as YAML (checkpoints keep a copy).
+    Returns the device, the config as YAML (checkpoints keep a copy) and whether the run continues.
     """
     device = training_device(config.device)
     distributed.init_from_environment(device)
     torch.manual_seed(config.seed)
     config_yaml = dump_config(config)
-    if distributed.is_main():
-        Path(output).mkdir(parents=True, exist_ok=True)
-        write_text_atomic(Path(output) / "config.yaml", config_yaml)
-    return device, config_yaml
+    resumed = distributed.on_main(
+        lambda: prepare_run_folder(Path(output), kind, config, config_yaml, resume, overwrite)
+    )
+    return device, config_yaml, resumed
 
 
 def run_training(
-    config: TrainConfig, output: Path, resume: bool = False, show_progress: bool = True
+    config: TrainConfig,
+    output: Path,
+    resume: bool | None = False,
+    show_progress: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Train as `config` says, writing checkpoints, logs and the final model under `output`."""
+    """Train as `config` says, writing checkpoints, logs and the final model under `output`.
+
+    `resume` and `overwrite` decide what happens when `output` holds a run already (see
+    `prepare_run_folder`).
+    """
     output = Path(output)
-    device, config_yaml = start_run(config, output)
+    device, config_yaml, resumed = start_run(config, output, RUN_KIND, resume, overwrite)
 
     encoder = load_encoder(config.model).to(device)
     dataset = Dataset.open(config.data.path)
@@ -95,4 +108,4 @@ def run_training(
         task, config.optim, config.checkpoint, output, config_yaml, config.log_every, evaluation,
         show_progress, hooks,
     )  # fmt: skip
-    return trainer.train(resume=resume)
+    return trainer.train(resume=resumed)

@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 import torch
 
-from densekit.io.atomic import atomic_dir
 from densekit.progress import progress_bar
 from densekit.training import distributed
 from densekit.training.checkpoint import checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint
@@ -47,7 +46,7 @@ class TrainingTask(Protocol):
         """Back-propagate `scale` times the batch's loss; return the unscaled loss and other figures."""
 
     def export(self, path: Path) -> None:
-        """Save the usable model (without training-only heads) to `path`."""
+        """Save the usable model (without training-only heads) to `path`, atomically."""
 
 
 class StepHook(Protocol):
@@ -141,7 +140,9 @@ class Trainer:
         found = checkpoints(self.checkpoint_root)
         if not found:
             return False
-        self.state = load_checkpoint(found[-1], self.task.module, self.optimizer, self.scheduler, self.device)
+        self.state = load_checkpoint(
+            found[-1], self.task.module, self.optimizer, self.scheduler, self.device, self.scaler
+        )
         log.info("resuming from %s (step %d of %d)", found[-1], self.state["step"], self.total_steps)
         return True
 
@@ -188,8 +189,7 @@ class Trainer:
             for hook in self.hooks:
                 hook.close()
         if distributed.is_main():
-            with atomic_dir(self.output / FINAL_MODEL) as tmp:
-                self.task.export(tmp)
+            self.task.export(self.output / FINAL_MODEL)
             plot_curves(training_log.path, self.output / PLOT_FILE, title=str(self.output))
         distributed.barrier()
         return self.state
@@ -243,8 +243,7 @@ class Trainer:
             training_log.write({"step": step, **{f"eval/{k}": v for k, v in scores.items()}})
             if self.state["best"] is None or value > self.state["best"]:
                 self.state["best"], self.state["best_step"] = value, step
-                with atomic_dir(self.output / BEST_MODEL) as tmp:
-                    self.task.export(tmp)
+                self.task.export(self.output / BEST_MODEL)
         distributed.barrier()
 
     def _save_checkpoint(self) -> None:
@@ -252,7 +251,7 @@ class Trainer:
             folder = self.checkpoint_root / f"step-{self.state['step']:08d}"
             save_checkpoint(
                 folder, self.task.module, self.optimizer, self.scheduler, self.state,
-                self.config_yaml, self.task.export, self.device,
+                self.config_yaml, self.task.export, self.device, self.scaler,
             )  # fmt: skip
             prune_checkpoints(self.checkpoint_root, self.checkpoint.keep)
             plot_curves(self.output / "train_log.jsonl", self.output / PLOT_FILE, title=str(self.output))

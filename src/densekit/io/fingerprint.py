@@ -1,0 +1,51 @@
+"""Content fingerprints: what an artefact records of its inputs, to notice when any of them changed."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+def file_digest(path: Path | str) -> str:
+    """The SHA-256 of a file's bytes, as `sha256:<hex>`."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while block := handle.read(_CHUNK):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def digest_of(values: dict[str, str]) -> str:
+    """One digest for named digests (a folder's files), independent of their order."""
+    digest = hashlib.sha256()
+    for name in sorted(values):
+        digest.update(f"{name}\0{values[name]}\n".encode())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def tree_checksums(folder: Path | str, skip: set[str] | None = None) -> dict[str, str]:
+    """The digest of every file under `folder` by its relative path, hidden files and `skip` left out."""
+    folder = Path(folder)
+    checksums = {}
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if any(part.startswith(".") for part in relative.parts) or relative.as_posix() in (skip or set()):
+            continue
+        if path.is_file():
+            checksums[relative.as_posix()] = file_digest(path)
+    return checksums
+
+
+def path_fingerprint(path: Path | str) -> str:
+    """A file's digest, a folder's (of its files but densekit's manifest, which holds a time), or, for
+    a name that is not on disk (a hub id), the name itself."""
+    from densekit.io.artefact import MANIFEST
+
+    path = Path(path)
+    if path.is_file():
+        return file_digest(path)
+    if path.is_dir():
+        return digest_of(tree_checksums(path, skip={MANIFEST}))
+    return f"name:{path}"

@@ -1,0 +1,171 @@
+"""Where a command may write: the rules every command checks before it starts its work.
+
+- Inputs are never outputs: an output may not be one of the command's inputs, nor a folder holding
+  one, nor an existing file inside an input folder.
+- A file output (a run, mined examples, scores) is written only where there is nothing yet or a file
+  densekit wrote there of the same kind and not changed since; such a file is made whole each time,
+  so nothing stale survives in it.
+- A folder output (embeddings, a training run, a recipe run) is written only where there is nothing,
+  an empty folder, or a folder densekit made of the same kind. If that folder holds another run (other
+  model, settings or input data), it is refused, naming what differs, unless `overwrite` is given;
+  `overwrite` then removes only what densekit made in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from densekit.io.artefact import (
+    MANIFEST,
+    differences,
+    read_file_manifest,
+    read_manifest,
+    sidecar,
+    write_file_manifest,
+)
+from densekit.io.atomic import TEMPORARY, atomic_file
+
+FolderState = Literal["new", "matching"]
+
+
+class OutputError(ValueError):
+    """An output path that the command refuses to write; the message names it and says why."""
+
+
+def _resolved(path: Path | str) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def check_not_input(output: Path | str, inputs: Iterable[Path | str]) -> None:
+    """Refuse an output that is an input, holds an input, or would replace a file inside an input."""
+    target = _resolved(output)
+    for given in inputs:
+        if given is None or not Path(given).exists():
+            continue
+        source = _resolved(given)
+        if target == source:
+            raise OutputError(f"{output} is an input of this command; write the output elsewhere")
+        if source.is_relative_to(target):
+            raise OutputError(f"{output} holds {given}, an input of this command; write the output elsewhere")
+        if source.is_dir() and target.is_relative_to(source) and target.exists():
+            raise OutputError(
+                f"{output} already exists inside {given}, an input of this command; "
+                "write the output elsewhere"
+            )
+
+
+def check_file_output(path: Path | str, kind: str, inputs: Iterable[Path | str] = ()) -> Path:
+    """Check, before the work, that a `kind` file may be written at `path`; returns it."""
+    path = Path(path)
+    check_not_input(path, inputs)
+    if path.is_dir():
+        raise OutputError(f"{path} is a folder; give a file path for the output")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"{parent} is a file, so {path} cannot be written")
+            break
+    if path.exists() or path.is_symlink():
+        manifest = read_file_manifest(path)
+        if manifest is None:
+            raise OutputError(
+                f"{path} exists and densekit did not write it (or it was changed since); it is left as "
+                "it is: choose another output"
+            )
+        if manifest.kind != kind:
+            raise OutputError(f"{path} holds {manifest.kind}, not {kind}; choose another output")
+    return path
+
+
+@contextlib.contextmanager
+def output_file(
+    path: Path | str,
+    kind: str,
+    identity: dict[str, Any] | None = None,
+    inputs: Iterable[Path | str] = (),
+    about: dict | None = None,
+    mode: str = "w",
+) -> Iterator[IO]:
+    """Write a `kind` file output atomically and record that densekit wrote it."""
+    path = check_file_output(path, kind, inputs)
+    with atomic_file(path, mode, None if "b" in mode else "utf-8") as handle:
+        yield handle
+    write_file_manifest(path, kind, identity or {}, about)
+
+
+def write_output_text(
+    path: Path | str, kind: str, text: str, identity: dict | None = None, inputs: Iterable = ()
+) -> None:
+    """Write text as a `kind` file output (see `output_file`)."""
+    with output_file(path, kind, identity, inputs) as handle:
+        handle.write(text)
+
+
+def claim_folder(
+    path: Path | str,
+    kind: str,
+    identity: dict[str, Any],
+    inputs: Iterable[Path | str] = (),
+    overwrite: bool = False,
+    owned: Iterable[str] = (),
+) -> FolderState:
+    """Check, before the work, that `path` may hold this `kind` run; "matching" when it already holds
+    this very run (to resume or reuse), "new" when it is empty or absent (or was just cleared by
+    `overwrite`). `owned` holds patterns of the entries a `kind` folder holds, removed by `overwrite`."""
+    path = Path(path)
+    check_not_input(path, inputs)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{path} is a file; give a folder for the output")
+    if not path.exists() or is_empty(path):
+        return "new"
+    manifest = read_manifest(path)
+    if manifest is None:
+        raise OutputError(
+            f"{path} holds files densekit did not make; it is left as it is: choose a new or empty folder"
+        )
+    if manifest.kind != kind:
+        raise OutputError(f"{path} holds {manifest.kind}, not {kind}; choose another folder")
+    changed = differences(manifest.identity, identity)
+    if not changed:
+        return "matching"
+    if not overwrite:
+        raise OutputError(
+            f"{path} holds {kind} made from other settings or inputs (differs in: {', '.join(changed)}); "
+            "pass --overwrite to replace it, or choose another folder"
+        )
+    clear_folder(path, owned)
+    return "new"
+
+
+def is_empty(folder: Path) -> bool:
+    """True when `folder` holds nothing but what a running densekit writer is making there."""
+    return all(TEMPORARY.match(child.name) for child in folder.iterdir())
+
+
+def clear_folder(path: Path | str, owned: Iterable[str] = ()) -> list[Path]:
+    """Remove what densekit made in `path`: entries matching the `owned` patterns, every folder with a
+    densekit manifest and every file densekit wrote (with its manifest); anything else stays. Returns
+    what went."""
+    path = Path(path)
+    patterns = [*owned, MANIFEST]
+    removed = []
+    for child in sorted(path.iterdir()):
+        if any(fnmatch.fnmatchcase(child.name, pattern) for pattern in patterns):
+            pass
+        elif child.is_dir() and not child.is_symlink():
+            if read_manifest(child) is None:
+                continue
+        elif read_file_manifest(child) is None:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            sidecar(child).unlink(missing_ok=True)
+            child.unlink(missing_ok=True)
+        removed.append(child)
+    return removed

@@ -1,0 +1,40 @@
+"""A loaded model's fingerprint: its weights and tokenizer, whatever folder or format they came from."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+
+def weights_fingerprint(modules: list[torch.nn.Module], tokenizer: PreTrainedTokenizerBase | None) -> str:
+    """SHA-256 over every tensor (name, dtype, shape, bytes) of `modules` and the tokenizer's
+    vocabulary and rules: equal for the same weights saved anywhere, different after any change."""
+    digest = hashlib.sha256()
+    seen: set[int] = set()
+    for module in modules:
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        for name, tensor in module.state_dict().items():
+            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}\n".encode())
+            digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    if tokenizer is not None:
+        digest.update(_tokenizer_rules(tokenizer).encode())
+        digest.update(f"|{tokenizer.padding_side}|{tokenizer.pad_token_id}".encode())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _tokenizer_rules(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The tokenizer's vocabulary and rules, without the truncation and padding state that each call
+    to it sets."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return json.dumps(sorted(tokenizer.get_vocab().items()))
+    rules = json.loads(backend.to_str())
+    rules.pop("truncation", None)
+    rules.pop("padding", None)
+    return json.dumps(rules, sort_keys=True)
