@@ -102,3 +102,14 @@ def test_mine_command_bm25_and_dense(tmp_path: Path, tiny_st_model: Path):
     report = json.loads(Path(f"{dense}.report.json").read_text())
     assert report["source"] == "dense" and report["removed_positive"] >= 1
     assert all(not set(e.negatives) & set(e.positives) for e in read_examples(dense))
+
+
+def test_relative_margin_keeps_its_meaning_for_negative_scores():
+    """Inner products of unnormalised vectors can be negative; the bar must stay below the positive."""
+    candidates = ranked(("d1", -0.4), ("d2", -0.51), ("d3", -0.6))
+    example = TrainingExample(query_id="q", query="query", positives=["pos"])
+    mined, report = choose_negatives(
+        [example], candidates, {"q": {"pos": -0.5}}, TEXTS, MiningSettings(first_rank=1, relative_margin=0.95)
+    )
+    assert mined[0].negatives == ["d3"]  # bar -0.525: d1 (above the positive) and d2 out
+    assert report.removed_margin == 2

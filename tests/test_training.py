@@ -28,9 +28,10 @@ from densekit.training import distributed
 from densekit.training.checkpoint import load_checkpoint, save_checkpoint
 from densekit.training.config import TrainConfig
 from densekit.training.contrastive import ContrastiveTask, contrastive_loss
-from densekit.training.examples import TrainingExample, read_examples
+from densekit.training.examples import TrainingExample, read_examples, write_examples
 from densekit.training.grad_cache import split_inputs
 from densekit.training.run import run_training
+from densekit.training.sampling import global_batch_rows
 from densekit.training.trainer import Trainer
 
 from .conftest import tiny_bert
@@ -100,7 +101,8 @@ def test_grad_cache_equals_the_full_batch_with_dropout_replayed(collection, tiny
     torch.manual_seed(0)  # reference: the same chunks in the same order, each with its graph
     queries = torch.cat([task._encode("query")(c)[0] for c in split_inputs(batch.queries, 3)])
     passages = torch.cat([task._encode("passage")(c)[0] for c in split_inputs(batch.passages, 3)])
-    reference_loss = contrastive_loss(queries, passages, 3, config.loss.temperature, True)
+    temperature = config.loss.temperature
+    reference_loss = contrastive_loss(queries, passages, 3, temperature, True, batch.false_negatives)
     reference_loss.backward()
     reference_loss = reference_loss.detach()
     reference = gradients(task.encoder)
@@ -152,6 +154,7 @@ def _one_step_worker(rank: int, world: int, port: int, config_json: str, output:
 def test_two_processes_give_the_loss_and_gradients_of_one(collection, still_model: Path, tmp_path: Path):
     config = make_config(collection, still_model, optim={"batch_size": 8})
     single = make_task(config)
+    assert single.batch(0, 0).false_negatives.any()  # the gathered batch's false negatives are masked
     single_loss = single.forward_backward(single.batch(0, 0))["loss"]
     mp.spawn(
         _one_step_worker,
@@ -320,6 +323,7 @@ from densekit.configuration import load_config
 from densekit.training import checkpoint
 from densekit.training.config import TrainConfig
 from densekit.training.run import run_training
+from densekit.training.sampling import global_batch_rows
 
 real_save = safetensors.torch.save_file
 def save_file(tensors, path, *args, **kwargs):
@@ -381,3 +385,59 @@ def test_a_damaged_checkpoint_is_refused_by_resume(collection, tiny_model: Path,
     weights.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"state.safetensors: error: its checksum differs"):
         run_training(config, output, resume=True, show_progress=False)
+
+
+def overlapping_task(tmp_path: Path, model: Path, mask: bool = True) -> ContrastiveTask:
+    """Three queries in one batch: A's two positives are B's positive and B's negative."""
+    from .conftest import write_beir
+
+    ids = ("a1", "a2", "c1", "n1", "n2")
+    corpus = [{"_id": d, "title": "", "text": f"text of {d} about {d}"} for d in ids]
+    queries = [{"_id": q, "text": f"question {q}"} for q in ("A", "B", "C")]
+    root = write_beir(tmp_path / "overlap", corpus, queries, {"train": [("A", "a1", 1)]})
+    examples = [
+        TrainingExample(query_id="A", query="question A", positives=["a1", "a2"], negatives=["n1"]),
+        TrainingExample(query_id="B", query="question B", positives=["a2"], negatives=["a1"]),
+        TrainingExample(query_id="C", query="question C", positives=["c1"], negatives=["n2"]),
+    ]
+    write_examples(root / "train.jsonl", examples)
+    config = make_config((root, root / "train.jsonl"), model, data={"group_size": 2},
+                         optim={"batch_size": 3}, loss={"mask_false_negatives": mask})  # fmt: skip
+    return make_task(config)
+
+
+def test_known_positives_are_left_out_of_a_querys_negatives(tmp_path: Path, still_model: Path):
+    task = overlapping_task(tmp_path, still_model)
+    rows = global_batch_rows(3, 3, 0, 0, task.config.seed)
+    layout = [[*task.sampler.group(int(r), 0)] for r in rows]  # each query's [positive, negative]
+    passages = [doc for group in layout for doc in group]
+    query = {task.examples[int(r)].query_id: i for i, r in enumerate(rows)}
+    mask = task.batch(0, 0).false_negatives
+    a, b, c = query["A"], query["B"], query["C"]
+    assert [passages[j] for j in range(6) if mask[a, j]] == passages[2 * b : 2 * b + 2]  # B's a2 and a1
+    a_target = layout[a][0]
+    assert [passages[j] for j in range(6) if mask[b, j]] == (["a2"] if a_target == "a2" else [])
+    assert not mask[c].any()
+
+    batch = task.batch(0, 0)
+    queries = task._encode("query")(batch.queries)[0]
+    passage_vectors = task._encode("passage")(batch.passages)[0]
+    scores = (queries @ passage_vectors.T / task.config.loss.temperature).detach()
+    by_hand = torch.stack([
+        torch.logsumexp(scores[i][~mask[i]], 0) - scores[i, 2 * i] for i in range(3)
+    ]).mean()  # fmt: skip
+    with torch.no_grad():
+        masked = contrastive_loss(queries, passage_vectors, 2, task.config.loss.temperature, True, mask)
+        unmasked = contrastive_loss(queries, passage_vectors, 2, task.config.loss.temperature, True)
+    assert abs(float(masked) - float(by_hand)) < 1e-10 and float(masked) < float(unmasked)
+
+
+def test_without_known_positives_in_the_batch_masking_changes_nothing(collection, still_model: Path):
+    masked = make_task(make_config(collection, still_model, optim={"batch_size": 4}))
+    plain = make_task(make_config(collection, still_model, optim={"batch_size": 4},
+                                  loss={"mask_false_negatives": False}))  # fmt: skip
+    clean = next((e, s) for e in range(3) for s in range(3) if masked.false_negatives(e, s) is None)
+    assert plain.batch(*clean).false_negatives is None
+    loss = masked.forward_backward(masked.batch(*clean))["loss"]
+    assert loss == plain.forward_backward(plain.batch(*clean))["loss"]
+    assert max_difference(gradients(masked.encoder), gradients(plain.encoder)) == 0

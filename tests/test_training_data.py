@@ -99,3 +99,13 @@ def test_config_overrides_and_unknown_keys(tmp_path: Path):
         load_config(path, TrainConfig, ["optim.batchsize=3"])
     with pytest.raises(ValueError, match="not of the form"):
         apply_overrides({}, ["optim.lr"])
+
+
+def test_a_document_both_positive_and_negative_is_an_error_naming_the_line(tmp_path: Path):
+    path = tmp_path / "train.jsonl"
+    path.write_text(
+        '{"query_id": "q1", "query": "a", "positives": ["d1"], "negatives": ["d2"]}\n'
+        '{"query_id": "q2", "query": "b", "positives": ["d1", "d3"], "negatives": ["d3", "d4"]}\n'
+    )
+    with pytest.raises(DataError, match=r"train.jsonl:2: error: document 'd3' is both a positive and a neg"):
+        read_examples(path)

@@ -78,7 +78,8 @@ def mine(
         float | None, typer.Option(help="Drop candidates scoring above (positive - margin).")
     ] = None,
     relative_margin: Annotated[
-        float | None, typer.Option(help="Drop candidates scoring above (positive x this), e.g. 0.95.")
+        float | None,
+        typer.Option(help="Drop candidates above the positive less (1 - this) of its size, e.g. 0.95."),
     ] = None,
     keep_identical: Annotated[
         bool, typer.Option(help="Keep candidates whose text equals a positive's.")

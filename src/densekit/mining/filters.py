@@ -22,7 +22,10 @@ class MiningSettings(BaseModel):
     count: int = Field(30, ge=1, description="negatives sampled per query")
     margin: float | None = Field(None, description="drop candidates scoring above (positive score - margin)")
     relative_margin: float | None = Field(
-        None, gt=0, description="drop candidates scoring above (positive score x relative_margin)"
+        None,
+        gt=0,
+        description="drop candidates scoring above the positive's score less (1 - relative_margin) of its "
+        "size: positive x relative_margin for a positive score",
     )
     exclude_identical: bool = Field(True, description="drop candidates whose text equals a positive's")
     seed: int = 42
@@ -45,6 +48,7 @@ class MiningReport:
     removed_margin: int = 0
     sampled: int = 0
     short_queries: list[str] = field(default_factory=list)
+    without_terms: list[str] = field(default_factory=list)  # BM25: queries that match no term
 
     def as_dict(self, settings: MiningSettings, source: str) -> dict:
         """The report as JSON-able data, with the settings that produced it."""
@@ -59,6 +63,7 @@ class MiningReport:
             "negatives_written": self.sampled,
             "queries_with_fewer_negatives_than_count": len(self.short_queries),
             "examples_of_short_queries": self.short_queries[:20],
+            "queries_without_terms": self.without_terms,
         }
 
 
@@ -117,4 +122,7 @@ def choose_negatives(
 def _above_margin(score: float, positive: float, settings: MiningSettings) -> bool:
     if settings.margin is not None and score > positive - settings.margin:
         return True
-    return settings.relative_margin is not None and score > positive * settings.relative_margin
+    # below the positive by (1 - r) of its size, whatever its sign: for a score of -0.5 and r = 0.95,
+    # the bar is -0.525, not -0.475 (positive x r), which would keep candidates above the positive
+    relative = settings.relative_margin
+    return relative is not None and score > positive - (1 - relative) * abs(positive)

@@ -110,10 +110,11 @@ def mine(
     documents = list(dataset.iter_corpus())
     texts = {doc.id: doc.full_text for doc in documents}
     depth = settings.last_rank
+    without_terms: list[str] = []
     if source == "bm25":
-        ranked, positive_scores = bm25_candidates(
-            BM25Index(documents, show_progress=show_progress), examples, depth
-        )
+        bm25 = BM25Index(documents, show_progress=show_progress)
+        ranked, positive_scores = bm25_candidates(bm25, examples, depth)
+        without_terms = bm25.queries_without_terms
     elif source == "dense":
         if encoder is None:
             raise ValueError("dense mining needs a model")
@@ -128,6 +129,7 @@ def mine(
     else:
         raise ValueError(f"unknown source {source!r}: expected bm25, dense or none")
     mined, tally = choose_negatives(examples, ranked, positive_scores, texts, settings)
+    tally.without_terms = without_terms
     write_examples(output, mined, inputs)
     report = tally.as_dict(settings, source)
     write_report(output, report, inputs)

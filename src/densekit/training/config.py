@@ -48,6 +48,10 @@ class LossSection(Section):
 
     temperature: float = Field(0.05, gt=0)
     cross_device_negatives: bool = Field(True, description="gather passages from every process")
+    mask_false_negatives: bool = Field(
+        True,
+        description="leave a query's other known positives (and copies of its positive) out of its negatives",
+    )
 
 
 class OptimSection(Section):

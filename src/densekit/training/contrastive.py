@@ -4,6 +4,10 @@ A step's global batch holds B queries, each with a group of n passages (its posi
 n-1 hard negatives). Every query is scored against all B·n passages, gathered from every process, so
 the other queries' passages serve as in-batch negatives; the loss is cross-entropy with the query's
 own positive as the target, scores divided by the temperature.
+
+False negatives: a passage that is one of the query's known positives (another of its judged
+documents, or a copy of its own positive in another query's group) is not a negative. With
+`loss.mask_false_negatives` (the default) such passages are left out of the query's softmax.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from densekit.training.config import TrainConfig
 from densekit.training.examples import TrainingExample
 from densekit.training.grad_cache import cached_backward, split_inputs
 from densekit.training.groups import GroupSampler
-from densekit.training.sampling import local_batch_rows
+from densekit.training.sampling import global_batch_rows, local_batch_rows
 
 log = logging.getLogger("densekit")
 
@@ -34,6 +38,9 @@ class ContrastiveBatch:
     queries: dict[str, torch.Tensor]
     passages: dict[str, torch.Tensor]
     group_size: int
+    # (queries x passages) True where a passage is one of the query's known positives but not its
+    # target, over the whole global batch when negatives are gathered across processes; None: no mask
+    false_negatives: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -42,18 +49,26 @@ class ContrastiveBatch:
 
 
 def contrastive_loss(
-    queries: torch.Tensor, passages: torch.Tensor, group_size: int, temperature: float, cross_device: bool
+    queries: torch.Tensor,
+    passages: torch.Tensor,
+    group_size: int,
+    temperature: float,
+    cross_device: bool,
+    false_negatives: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """InfoNCE of each query against every passage (gathered across processes when `cross_device`).
 
-    Query i's positive is passage i·group_size. Under several processes the loss is multiplied by
-    their number, because gradients are averaged over processes afterwards.
+    Query i's positive is passage i·group_size; passages where `false_negatives` is True (for the
+    gathered batch when `cross_device`) are left out of the query's softmax. Under several processes
+    the loss is multiplied by their number, because gradients are averaged over processes afterwards.
     """
     if cross_device:
         queries, passages = distributed.gather_with_grad(queries), distributed.gather_with_grad(passages)
     if queries.dtype in (torch.float16, torch.bfloat16):
         queries, passages = queries.float(), passages.float()
     scores = queries @ passages.T / temperature
+    if false_negatives is not None:
+        scores = scores.masked_fill(false_negatives.to(scores.device), float("-inf"))
     targets = torch.arange(scores.shape[0], device=scores.device) * group_size
     loss = F.cross_entropy(scores, targets)
     return loss * distributed.world_size() if cross_device else loss
@@ -120,7 +135,29 @@ class ContrastiveTask:
             self.encoder.pad(self.encoder.tokenize(query_texts, "query")),
             self.encoder.pad(self.encoder.tokenize(passage_texts, "passage")),
             self.config.data.group_size,
+            self.false_negatives(epoch, step) if self.config.loss.mask_false_negatives else None,
         )
+
+    def false_negatives(self, epoch: int, step: int) -> torch.Tensor | None:
+        """Where a passage of the batch is a known positive of a query other than its target: over the
+        global batch when negatives are gathered across processes, else this process's part; None
+        when there is no such passage. Every process computes it alike from (seed, epoch, step)."""
+        optim = self.config.optim
+        rows = global_batch_rows(len(self.examples), optim.batch_size, epoch, step, self.config.seed)
+        if not self.config.loss.cross_device_negatives:
+            local = len(rows) // distributed.world_size()
+            rows = rows[distributed.rank() * local : (distributed.rank() + 1) * local]
+        columns: dict[str, list[int]] = {}
+        for i, index in enumerate(rows):
+            positive, negatives = self.sampler.group(int(index), epoch)
+            for offset, doc_id in enumerate([positive, *negatives]):
+                columns.setdefault(doc_id, []).append(i * self.config.data.group_size + offset)
+        mask = torch.zeros((len(rows), len(rows) * self.config.data.group_size), dtype=torch.bool)
+        for i, index in enumerate(rows):
+            for doc_id in self.examples[int(index)].positives:
+                mask[i, columns.get(doc_id, [])] = True
+            mask[i, i * self.config.data.group_size] = False  # the target itself
+        return mask if bool(mask.any()) else None
 
     def _encode(self, kind: str):
         device = self.encoder.device
@@ -137,11 +174,14 @@ class ContrastiveTask:
 
         return encode
 
-    def _loss(self, queries: torch.Tensor, passages: torch.Tensor, scale: float) -> torch.Tensor:
+    def _loss(
+        self, queries: torch.Tensor, passages: torch.Tensor, scale: float, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         loss = self.config.loss
         return scale * contrastive_loss(
-            queries, passages, self.config.data.group_size, loss.temperature, loss.cross_device_negatives
-        )
+            queries, passages, self.config.data.group_size, loss.temperature, loss.cross_device_negatives,
+            mask,
+        )  # fmt: skip
 
     def forward_backward(self, batch: ContrastiveBatch, scale: float = 1.0) -> dict[str, float]:
         """Compute the loss of `batch` times `scale` and back-propagate it; returns the unscaled loss."""
@@ -153,11 +193,12 @@ class ContrastiveTask:
                     (encode_queries, split_inputs(batch.queries, cache.chunk_size)),
                     (encode_passages, split_inputs(batch.passages, cache.chunk_size)),
                 ],
-                lambda q, p: self._loss(q, p, scale),
+                lambda q, p: self._loss(q, p, scale, batch.false_negatives),
                 self.encoder.device,
             )
         else:
-            loss = self._loss(encode_queries(batch.queries)[0], encode_passages(batch.passages)[0], scale)
+            queries = encode_queries(batch.queries)[0]
+            loss = self._loss(queries, encode_passages(batch.passages)[0], scale, batch.false_negatives)
             loss.backward()
         world = distributed.world_size() if self.config.loss.cross_device_negatives else 1
         return {"loss": float(loss.detach()) / scale / world}

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from densekit.data.diagnostics import Diagnostics
 from densekit.data.lines import iter_lines
@@ -37,6 +37,13 @@ class TrainingExample(BaseModel):
     negatives: list[str] = Field(default_factory=list)
     teacher_scores: dict[str, float] | None = None
 
+    @model_validator(mode="after")
+    def _no_document_both_ways(self) -> TrainingExample:
+        both = sorted(set(self.positives) & set(self.negatives))
+        if both:
+            raise ValueError(f"document {', '.join(map(repr, both))} is both a positive and a negative")
+        return self
+
 
 def read_examples(path: Path, diagnostics: Diagnostics | None = None) -> list[TrainingExample]:
     """Read a training file; each bad line is an error naming the file, the line and the field."""
@@ -50,9 +57,11 @@ def read_examples(path: Path, diagnostics: Diagnostics | None = None) -> list[Tr
             examples.append(TrainingExample.model_validate_json(line))
         except ValidationError as err:
             first = err.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "line"
-            kind = "malformed JSON" if first["type"] == "json_invalid" else f"{where}: {first['msg']}"
-            diagnostics.error(path, lineno, kind)
+            message = first["msg"].removeprefix("Value error, ")
+            where = ".".join(str(part) for part in first["loc"])
+            if first["type"] == "json_invalid":
+                message = "malformed JSON"
+            diagnostics.error(path, lineno, f"{where}: {message}" if where else message)
     return examples
 
 
