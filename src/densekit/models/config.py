@@ -28,6 +28,9 @@ class EncoderConfig(BaseModel):
     query_prefix: str = ""
     passage_prefix: str = ""
     tied: bool = Field(True, description="one backbone for queries and passages, or two towers")
+    include_prompt: bool = Field(
+        True, description="whether the prefix's tokens count in mean and last-token pooling (as in ST)"
+    )
 
     def max_length(self, kind: TextKind) -> int:
         """The token limit for `kind` texts."""

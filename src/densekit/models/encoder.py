@@ -13,7 +13,7 @@ from densekit.io.artefact import artefact_dir
 from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
 from densekit.models.fingerprint import weights_fingerprint
 from densekit.models.hub import resolve_model_path
-from densekit.models.pooling import pool
+from densekit.models.pooling import pool, without_prompt
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
 
 MODEL_KIND = "model"
@@ -44,6 +44,7 @@ class DenseEncoder(torch.nn.Module):
         self.tokenizer = tokenizer
         self.config = config
         self.source = source
+        self._prompt_lengths: dict[str, int] = {}
 
     @classmethod
     def load(
@@ -122,10 +123,25 @@ class DenseEncoder(torch.nn.Module):
                 attention_mask[row, : len(seq)] = 1
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
+    def prompt_length(self, kind: TextKind) -> int:
+        """Tokens the `kind` prefix takes at the start of a text (its leading special token included,
+        no trailing one), as sentence-transformers counts them; 0 without a prefix."""
+        prefix = self.config.prefix(kind)
+        if not prefix:
+            return 0
+        if prefix not in self._prompt_lengths:
+            ids = self.tokenizer(prefix)["input_ids"]
+            trailing = bool(ids) and ids[-1] in self.tokenizer.all_special_ids
+            self._prompt_lengths[prefix] = len(ids) - trailing
+        return self._prompt_lengths[prefix]
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind) -> torch.Tensor:
         """Vectors for a padded batch of `kind` texts."""
         hidden = self.backbone(kind)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        vectors = pool(hidden, attention_mask, self.config.pooling)
+        pooled_mask = attention_mask
+        if not self.config.include_prompt and self.config.pooling != "cls" and self.config.prefix(kind):
+            pooled_mask = without_prompt(attention_mask, self.prompt_length(kind))
+        vectors = pool(hidden, pooled_mask, self.config.pooling)
         if self.config.normalize:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
         return vectors

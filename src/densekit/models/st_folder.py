@@ -63,6 +63,7 @@ def read_st_folder(path: Path) -> tuple[Path, dict[str, Any]]:
             backbone = folder
         elif kind == "Pooling":
             fields["pooling"] = _pooling_mode(folder / "config.json")
+            fields["include_prompt"] = bool(_read_json(folder / "config.json").get("include_prompt", True))
         else:
             fields["normalize"] = True
     st_config = backbone / "sentence_bert_config.json"
@@ -123,7 +124,7 @@ def write_st_files(path: Path, config: EncoderConfig, dimension: int) -> None:
         "pooling_mode_mean_sqrt_len_tokens": False,
         "pooling_mode_weightedmean_tokens": False,
         "pooling_mode_lasttoken": config.pooling == "last",
-        "include_prompt": True,
+        "include_prompt": config.include_prompt,
     }
     (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2), encoding="utf-8")
     # sentence-transformers has one length for all texts: the passages' (queries rarely reach it).

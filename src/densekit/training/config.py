@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from densekit.encoding.passages import MaxPSettings
 from densekit.mining.filters import MiningSettings
@@ -80,8 +80,15 @@ class EvalSection(Section):
 
     split: str | None = Field(None, description="qrels split to evaluate on; none: no evaluation")
     every: int | None = Field(None, gt=0, description="steps between evaluations (default: each epoch)")
-    metric: str = "nDCG@10"
+    metric: str = Field("nDCG@10", description="an ir_measures name; aliases (MRR@10) become its own (RR@10)")
     batch_size: int = Field(64, ge=1)
+
+    @field_validator("metric")
+    @classmethod
+    def _known_measure(cls, name: str) -> str:
+        from densekit.evaluation.measures import parse_measures
+
+        return str(parse_measures([name])[0])
 
 
 class AnceSection(Section):
