@@ -441,3 +441,14 @@ def test_without_known_positives_in_the_batch_masking_changes_nothing(collection
     loss = masked.forward_backward(masked.batch(*clean))["loss"]
     assert loss == plain.forward_backward(plain.batch(*clean))["loss"]
     assert max_difference(gradients(masked.encoder), gradients(plain.encoder)) == 0
+
+
+def test_an_alias_of_a_measure_trains_and_a_typo_fails_before_any_step(
+    collection, tiny_model: Path, tmp_path: Path
+):
+    config = make_config(collection, tiny_model, eval={"split": "test", "every": 3, "metric": "MRR@10"})
+    assert config.eval.metric == "RR@10"
+    state = run_training(config, tmp_path / "run", show_progress=False)
+    assert state["best"] is not None and state["best_step"] in (3, 6)
+    with pytest.raises(DataError, match=r"eval\.metric: .*unknown measure 'nDGC@10'"):
+        make_config(collection, tiny_model, eval={"split": "test", "metric": "nDGC@10"})
