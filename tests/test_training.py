@@ -72,7 +72,8 @@ def make_config(collection: tuple[Path, Path], model_path: Path, **sections) -> 
 
 
 def make_task(config: TrainConfig, dtype=torch.float64) -> ContrastiveTask:
-    encoder = DenseEncoder.load(config.model.path, pooling=config.model.pooling).to(dtype)
+    overrides = config.model.model_dump(include={"pooling", "normalize"})
+    encoder = DenseEncoder.load(config.model.path, **overrides).to(dtype)
     texts = {}
     from densekit.data import Dataset
 
@@ -101,7 +102,7 @@ def test_grad_cache_equals_the_full_batch_with_dropout_replayed(collection, tiny
     torch.manual_seed(0)  # reference: the same chunks in the same order, each with its graph
     queries = torch.cat([task._encode("query")(c)[0] for c in split_inputs(batch.queries, 3)])
     passages = torch.cat([task._encode("passage")(c)[0] for c in split_inputs(batch.passages, 3)])
-    temperature = config.loss.temperature
+    temperature = task.temperature
     reference_loss = contrastive_loss(queries, passages, 3, temperature, True, batch.false_negatives)
     reference_loss.backward()
     reference_loss = reference_loss.detach()
@@ -422,13 +423,13 @@ def test_known_positives_are_left_out_of_a_querys_negatives(tmp_path: Path, stil
     batch = task.batch(0, 0)
     queries = task._encode("query")(batch.queries)[0]
     passage_vectors = task._encode("passage")(batch.passages)[0]
-    scores = (queries @ passage_vectors.T / task.config.loss.temperature).detach()
+    scores = (queries @ passage_vectors.T / task.temperature).detach()
     by_hand = torch.stack([
         torch.logsumexp(scores[i][~mask[i]], 0) - scores[i, 2 * i] for i in range(3)
     ]).mean()  # fmt: skip
     with torch.no_grad():
-        masked = contrastive_loss(queries, passage_vectors, 2, task.config.loss.temperature, True, mask)
-        unmasked = contrastive_loss(queries, passage_vectors, 2, task.config.loss.temperature, True)
+        masked = contrastive_loss(queries, passage_vectors, 2, task.temperature, True, mask)
+        unmasked = contrastive_loss(queries, passage_vectors, 2, task.temperature, True)
     assert abs(float(masked) - float(by_hand)) < 1e-10 and float(masked) < float(unmasked)
 
 
@@ -452,3 +453,13 @@ def test_an_alias_of_a_measure_trains_and_a_typo_fails_before_any_step(
     assert state["best"] is not None and state["best_step"] in (3, 6)
     with pytest.raises(DataError, match=r"eval\.metric: .*unknown measure 'nDGC@10'"):
         make_config(collection, tiny_model, eval={"split": "test", "metric": "nDGC@10"})
+
+
+def test_the_default_temperature_follows_normalisation_and_a_mismatch_is_warned_of(
+    collection, still_model: Path, caplog
+):
+    assert make_task(make_config(collection, still_model)).temperature == 1.0  # raw inner products
+    assert make_task(make_config(collection, still_model, model={"normalize": True})).temperature == 0.05
+    with caplog.at_level(logging.WARNING, logger="densekit"):
+        task = make_task(make_config(collection, still_model, loss={"temperature": 0.05}))
+    assert task.temperature == 0.05 and "with unnormalised embeddings" in caplog.text

@@ -11,6 +11,9 @@ from densekit.mining.filters import MiningSettings
 from densekit.models.config import Pooling
 from densekit.training.groups import Shortfall
 
+NORMALIZED_TEMPERATURE = 0.05
+INNER_PRODUCT_TEMPERATURE = 1.0
+
 
 class Section(BaseModel):
     """A config section: unknown keys are errors."""
@@ -46,7 +49,19 @@ class DataSection(Section):
 class LossSection(Section):
     """InfoNCE over in-batch and hard negatives."""
 
-    temperature: float = Field(0.05, gt=0)
+    def temperature_for(self, normalized: bool) -> float:
+        """The temperature a run uses: the one set, or the default for (un)normalised embeddings."""
+        if self.temperature is not None:
+            return self.temperature
+        return NORMALIZED_TEMPERATURE if normalized else INNER_PRODUCT_TEMPERATURE
+
+
+    temperature: float | None = Field(
+        None,
+        gt=0,
+        description="scores are divided by it; default 0.05 for normalised embeddings (cosine similarity), "
+        "1.0 for raw inner products (DPR)",
+    )
     cross_device_negatives: bool = Field(True, description="gather passages from every process")
     mask_false_negatives: bool = Field(
         True,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from densekit.encoding.device import autocast
 from densekit.models.encoder import DenseEncoder
 from densekit.training import distributed
-from densekit.training.config import TrainConfig
+from densekit.training.config import INNER_PRODUCT_TEMPERATURE, NORMALIZED_TEMPERATURE, TrainConfig
 from densekit.training.examples import TrainingExample
 from densekit.training.grad_cache import cached_backward, split_inputs
 from densekit.training.groups import GroupSampler
@@ -89,6 +89,14 @@ class ContrastiveTask:
         self.examples = examples
         self.texts = texts
         self.config = config
+        self.temperature = config.loss.temperature_for(encoder.config.normalize)
+        if not encoder.config.normalize and self.temperature < 0.5:
+            log.warning(
+                "loss.temperature %g with unnormalised embeddings: raw inner products (often in the tens "
+                "or hundreds) divided by it saturate the softmax; %g suits cosine similarity (set "
+                "model.normalize: true), DPR's unnormalised training uses %g (the default without it)",
+                self.temperature, NORMALIZED_TEMPERATURE, INNER_PRODUCT_TEMPERATURE,
+            )  # fmt: skip
         batch = config.optim.batch_size
         if len(examples) < batch:
             raise ValueError(f"{len(examples)} training examples are fewer than one batch of {batch}")
@@ -179,7 +187,7 @@ class ContrastiveTask:
     ) -> torch.Tensor:
         loss = self.config.loss
         return scale * contrastive_loss(
-            queries, passages, self.config.data.group_size, loss.temperature, loss.cross_device_negatives,
+            queries, passages, self.config.data.group_size, self.temperature, loss.cross_device_negatives,
             mask,
         )  # fmt: skip
 
