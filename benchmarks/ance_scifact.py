@@ -27,10 +27,10 @@ from pathlib import Path
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
+from densekit.fine_tuning import run_training
 from densekit.models import DenseEncoder
 from densekit.retrieval.in_memory import evaluate_encoder
 from densekit.training.config import TrainConfig
-from densekit.training.run import run_training
 
 RUNS = ["in-batch", "bm25", "static", "ance"]
 

@@ -39,7 +39,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from benchmarks.machine import machine_info
-from benchmarks.significance import paired_test, per_query_ndcg
+from densekit.evaluation.significance import paired_test, per_query_ndcg
 from densekit.configuration import validate_config
 from densekit.data import Dataset
 from densekit.data.diagnostics import DataError

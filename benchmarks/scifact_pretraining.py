@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 
 from benchmarks.machine import machine_info
-from benchmarks.significance import paired_test, per_query_ndcg
+from densekit.evaluation.significance import paired_test, per_query_ndcg
 from densekit.configuration import validate_config
 from densekit.data.dataset import Dataset
 from densekit.pretraining.config import PretrainConfig

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import sys
 import threading
 import time
@@ -11,19 +13,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from densekit.ance.hook import AnceHook
-from densekit.ance.inferencer import refresh
+from densekit.ance.inferencer import refresh, run_inferencer
 from densekit.ance.versions import NegativeVersions
 from densekit.data import Dataset
+from densekit.data.examples import TrainingExample, read_examples, write_examples
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.embed import embed_texts
 from densekit.encoding.passages import MaxPSettings, PassageSplitter, best_passage_run
 from densekit.encoding.store import EmbeddingStore
+from densekit.fine_tuning import run_training
 from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.models import DenseEncoder
-from densekit.training.examples import TrainingExample, read_examples
-from densekit.training.run import run_training
+from densekit.training.checkpoint import save_checkpoint
 from densekit.training.trainer import Trainer
 
 from .conftest import dead_pid, write_beir
@@ -176,23 +180,185 @@ def test_local_inferencer_end_to_end(collection, tiny_st_model: Path, tmp_path: 
     assert all(not set(e.negatives) & set(e.positives) for e in examples)
 
 
-def test_resumed_run_starts_from_the_version_it_had(collection, tiny_st_model: Path, tmp_path: Path):
+_PARTIAL = re.compile(r"^\.version-(?P<version>\d{6})\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
+def _process_state(pid: int) -> str | None:
+    """A process's state letter in /proc (T: stopped, Z: dead, not yet reaped); None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _wait_for_state(pid: int, wanted: set[str | None], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while _process_state(pid) not in wanted:
+        assert time.monotonic() < deadline, f"process {pid} is {_process_state(pid)}, never {wanted}"
+        time.sleep(0.001)
+
+
+def _freeze_mid_publish(
+    versions: NegativeVersions, checkpoint_step: int, seconds: float = 180
+) -> tuple[int, Path, int] | None:
+    """Wait for an inferencer to publish the version after the newest (from the step-`checkpoint_step`
+    checkpoint), and stop it (SIGSTOP) while that version's temporary folder is there, before its
+    rename: returns its pid, the folder and the version, or None when the version was published
+    before it could be caught."""
+    newest = versions.latest()
+    if versions.load(newest)[1]["checkpoint_step"] >= checkpoint_step:
+        return None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for entry in os.scandir(versions.root):
+            match = _PARTIAL.match(entry.name)
+            if match is None or int(match["version"]) != newest + 1 or int(match["pid"]) == os.getpid():
+                continue
+            pid = int(match["pid"])
+            os.kill(pid, signal.SIGSTOP)
+            _wait_for_state(pid, {"T", "t", "Z", None})
+            if Path(entry.path).is_dir():
+                return pid, Path(entry.path), newest + 1
+            os.kill(pid, signal.SIGCONT)  # too late: it had renamed the folder into place
+        if versions.latest() > newest:
+            return None
+        time.sleep(0.002)
+    log = versions.root / "inferencer.log"
+    raise AssertionError(
+        f"no inferencer published version {newest + 1} in {seconds} s; its log:\n"
+        + (log.read_text() if log.is_file() else "(none)")
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process states from /proc")
+def test_a_real_inferencer_killed_mid_publish_leaves_no_partial_version(
+    collection, tiny_st_model: Path, tmp_path: Path, monkeypatch, caplog
+):
+    root, train = collection
+    # 2,400 queries of 20 kB: writing a version takes long enough (~0.5 s) to stop the inferencer inside it
+    filler = " ".join(["filler"] * 2900)
+    big = [
+        e.model_copy(update={"query_id": f"{e.query_id}-{i}", "query": f"{e.query} {filler}"})
+        for i in range(200)
+        for e in read_examples(train)
+    ]
+    write_examples(root / "train-big.jsonl", big)
+    config = ance_config(
+        (root, root / "train-big.jsonl"), tiny_st_model,
+        max_restarts=0, threads=1, poll_seconds=0.1, queries_per_refresh=4,
+    )  # fmt: skip
+    config = config.model_copy(update={"optim": config.optim.model_copy(update={"max_steps": 8})})
+    output = tmp_path / "run"
+    seen: dict = {}
+
+    def save_then_watch(folder: Path, *args, **kwargs) -> None:
+        save_checkpoint(folder, *args, **kwargs)
+        step = int(folder.name.split("-")[1])
+        versions = NegativeVersions(output)
+        if "killed_after" not in seen and step in (2, 4):
+            # the trainer's local inferencer refreshes from this new checkpoint (no newer one is saved
+            # before the trainer goes on): catch it inside its publish and kill it there
+            caught = _freeze_mid_publish(versions, step)
+            if caught is not None:
+                pid, partial, version = caught
+                try:  # while it is stopped halfway through writing `version`
+                    assert versions.published() == list(range(version))
+                    assert len(versions.load(version - 1)[0]) == len(big)
+                    with pytest.raises(FileNotFoundError):
+                        versions.load(version)
+                finally:
+                    os.kill(pid, signal.SIGKILL)
+                _wait_for_state(pid, {"Z", None})  # dead; the trainer's hook reaps it
+                assert partial.is_dir() and versions.published() == list(range(version))
+                seen.update(killed_after=step, partial=partial, version=version)
+        elif seen.get("killed_after") == step - 2:
+            # an inferencer started again (in this process, as `densekit ance-infer OUT --once` would
+            # run) once a newer checkpoint is saved; STOP ends it should it wait instead
+            assert seen["partial"].is_dir() and versions.latest() == seen["version"] - 1
+            guard = threading.Timer(120, versions.stop_file.touch)
+            guard.start()
+            try:
+                run_inferencer(output, once=True)
+            finally:
+                guard.cancel()
+
+    monkeypatch.setattr("densekit.training.trainer.save_checkpoint", save_then_watch)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # beside the inferencer on 2 cores, a trainer with 2 threads crawls
+    try:
+        with caplog.at_level("WARNING", logger="densekit"):
+            state = run_training(config, output, show_progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert state["step"] == 8 and "killed_after" in seen
+    killed_after, version = seen["killed_after"], seen["version"]
+    said = " ".join(caplog.text.split())
+    assert (
+        "the ANCE inferencer exited (code -9) and was restarted 0 times already; training goes on with "
+        f"version {version - 1}"
+    ) in said
+    assert "removed 1 partial versions left by an interrupted inferencer" in said
+    assert not seen["partial"].exists()
+    # the steps while no inferencer ran trained on the last complete version, the next ones on the
+    # version the inferencer started again made from the newest checkpoint
+    trained = [r["ance_version"] for r in log_records(output)]
+    assert all(v < version for v in trained[:killed_after])
+    assert trained[killed_after:] == [version - 1] * 2 + [version] * (6 - killed_after)
+    assert NegativeVersions(output).load(version)[1]["checkpoint_step"] == killed_after + 2
+
+
+class _Stopped(Exception):
+    """Stands for a run stopped (killed, or interrupted) right after a checkpoint."""
+
+
+def test_resumed_run_starts_from_the_version_it_had(
+    collection, tiny_st_model: Path, tmp_path: Path, monkeypatch, caplog
+):
     config = ance_config(collection, tiny_st_model, inferencer="external")
     output = tmp_path / "run"
-    output.mkdir()
-    from densekit.training.contrastive import ContrastiveTask
+    real_step, real_save = Trainer._one_step, Trainer._save_checkpoint
 
-    texts = {d.id: d.full_text for d in Dataset.open(config.data.path).iter_corpus()}
-    examples = read_examples(Path(config.data.train))
-    task = ContrastiveTask(DenseEncoder.load(tiny_st_model), examples, texts, config)
+    def step_then_publish(self):
+        figures = real_step(self)
+        if self.state["step"] == 2:  # version 1, standing for one made from the step-2 checkpoint
+            versions = NegativeVersions(output)
+            examples, _ = versions.load(0)
+            changed = [e.model_copy(update={"negatives": e.negatives[::-1][:2]}) for e in examples]
+            versions.publish(1, changed, {"checkpoint_step": 2})
+        return figures
+
+    def save_then_stop(self):
+        real_save(self)
+        if self.state["step"] == 4:
+            raise _Stopped
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "_one_step", step_then_publish)
+        patch.setattr(Trainer, "_save_checkpoint", save_then_stop)
+        with pytest.raises(_Stopped):
+            run_training(config, output, show_progress=False)
+    saved = json.loads((output / "checkpoints" / "step-00000004" / "trainer_state.json").read_text())
+    assert saved["ance_version"] == 1 and [r["ance_version"] for r in log_records(output)] == [0, 0, 0, 1]
+
+    # while the run is stopped, an inferencer publishes version 2 from the newest checkpoint
     versions = NegativeVersions(output)
-    changed = [e.model_copy(update={"negatives": e.negatives[::-1][:2]}) for e in examples]
-    versions.publish(0, examples, {"checkpoint_step": 0})
-    versions.publish(1, changed, {"checkpoint_step": 2})
-    hook = AnceHook(task, output, config.ance)
-    figures = hook.before_step(3, {"step": 3, "ance_version": 1})
-    assert hook.current == 1 and figures["ance_async_gap"] == 1
-    assert [e.negatives for e in task.examples] == [e.negatives for e in changed]
+    assert refresh(output, config, versions, output / "checkpoints" / "step-00000004") == 2
+    caplog.clear()
+    with caplog.at_level("INFO", logger="densekit"):
+        state = run_training(config, output, resume=True, show_progress=False)
+    said = [r.getMessage() for r in caplog.records if "ANCE version" in r.getMessage()]
+    # the resumed run takes the version it had back from its checkpoint (not the newest one), then
+    # switches to the newer one as at any step boundary
+    assert said == [
+        "step 4: resuming with ANCE version 1 (from step 2)",
+        "step 4: switching to ANCE version 2 (from step 4)",
+    ]
+    records = log_records(output)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["ance_version"] for r in records] == [0, 0, 0, 1, 2, 2]
+    assert [r["ance_async_gap"] for r in records[4:]] == [0, 1]
+    assert state["ance_version"] == 2
 
 
 def test_maxp_scores_a_document_by_its_best_passage(tiny_st_model: Path, tmp_path: Path):

@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from densekit.cli import app
+from densekit.data.examples import TrainingExample, read_examples
 from densekit.mining.filters import MiningSettings, choose_negatives
-from densekit.training.examples import TrainingExample, read_examples
 
 from .training_fixtures import write_training_collection
 

@@ -1,6 +1,6 @@
 """The paired randomisation test the benchmarks use to compare two runs query by query."""
 
-from benchmarks.significance import paired_test
+from densekit.evaluation.significance import paired_test
 
 
 def test_identical_runs_differ_by_nothing():

@@ -8,14 +8,14 @@ import pytest
 
 from densekit.configuration import apply_overrides, load_config
 from densekit.data import DataError, Diagnostics
-from densekit.training.config import TrainConfig
-from densekit.training.examples import (
+from densekit.data.examples import (
     TrainingExample,
     check_example_ids,
     examples_from_qrels,
     read_examples,
     write_examples,
 )
+from densekit.training.config import TrainConfig
 from densekit.training.groups import GroupSampler, NegativeShortfallError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from densekit.training.examples import TrainingExample, write_examples
+from densekit.data.examples import TrainingExample, write_examples
 
 from .conftest import write_beir
 

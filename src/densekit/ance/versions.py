@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from densekit.data.diagnostics import Diagnostics
+from densekit.data.examples import TrainingExample, read_examples, write_examples
 from densekit.io.artefact import artefact_dir
 from densekit.io.atomic import remove_dead_temporaries
-from densekit.training.examples import TrainingExample, read_examples, write_examples
 
 ANCE_FOLDER = "ance"
 STOP_FILE = "STOP"

@@ -42,8 +42,8 @@ def train(
     Several processes: `torchrun --nproc_per_node N -m densekit train CONFIG --out DIR`.
     """
     from densekit.configuration import load_config
+    from densekit.fine_tuning import run_training
     from densekit.training.config import TrainConfig
-    from densekit.training.run import run_training
 
     extra = list(overrides or [])
     if grad_cache is not None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from densekit.data.examples import TrainingExample
 from densekit.data.records import Run
-from densekit.training.examples import TrainingExample
 
 
 class MiningSettings(BaseModel):

@@ -10,6 +10,7 @@ from typing import Literal
 import numpy as np
 
 from densekit.data.dataset import Dataset
+from densekit.data.examples import EXAMPLES_KIND, TrainingExample, examples_from_qrels, write_examples
 from densekit.data.records import Run
 from densekit.encoding.embed import embed_texts
 from densekit.index import SearchIndex
@@ -20,7 +21,6 @@ from densekit.progress import progress_bar
 from densekit.retrieval.bm25 import BM25Index
 from densekit.retrieval.dense import check_compatible
 from densekit.retrieval.in_memory import index_corpus
-from densekit.training.examples import EXAMPLES_KIND, TrainingExample, examples_from_qrels, write_examples
 
 log = logging.getLogger("densekit")
 

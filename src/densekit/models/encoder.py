@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,25 @@ from densekit.io.artefact import artefact_dir
 from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
 from densekit.models.fingerprint import weights_fingerprint
 from densekit.models.hub import resolve_model_path
+from densekit.models.loading import load_pretrained
 from densekit.models.pooling import pool, without_prompt
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
+
+log = logging.getLogger("densekit")
 
 MODEL_KIND = "model"
 QUERY_TOWER = "query_encoder"
 PASSAGE_TOWER = "passage_encoder"
+
+
+def _load_backbone(path: str | Path, trust_remote_code: bool) -> PreTrainedModel:
+    """A transformer encoder; weights it lacks are named in one warning, but the pooler, which dense
+    retrieval never uses (pre-training exports have none)."""
+    model, report = load_pretrained(AutoModel, path, trust_remote_code)
+    missing = [name for name in report.missing if not name.startswith("pooler.")]
+    if missing:
+        log.warning("%s lacks weights; they start from random values: %s", path, ", ".join(missing))
+    return model
 
 
 class DenseEncoder(torch.nn.Module):
@@ -62,13 +76,11 @@ class DenseEncoder(torch.nn.Module):
         fields.update({k: v for k, v in overrides.items() if v is not None})
         config = EncoderConfig(**fields)
         if config.tied or not (local / QUERY_TOWER).is_dir():
-            backbone = AutoModel.from_pretrained(backbone_path, trust_remote_code=trust_remote_code)
-            passage = None
-            if not config.tied:
-                passage = AutoModel.from_pretrained(backbone_path, trust_remote_code=trust_remote_code)
+            backbone = _load_backbone(backbone_path, trust_remote_code)
+            passage = None if config.tied else _load_backbone(backbone_path, trust_remote_code)
         else:
-            backbone = AutoModel.from_pretrained(local / QUERY_TOWER, trust_remote_code=trust_remote_code)
-            passage = AutoModel.from_pretrained(local / PASSAGE_TOWER, trust_remote_code=trust_remote_code)
+            backbone = _load_backbone(local / QUERY_TOWER, trust_remote_code)
+            passage = _load_backbone(local / PASSAGE_TOWER, trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(backbone_path, trust_remote_code=trust_remote_code)
         return cls(backbone, tokenizer, config, passage, source=str(name_or_path))
 

@@ -12,9 +12,12 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, P
 from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
 from densekit.models.hub import resolve_model_path
+from densekit.models.loading import load_pretrained
 from densekit.pretraining.masking import IGNORE
 
 log = logging.getLogger("densekit")
+
+HEAD_PREFIXES = ("cls.", "lm_head.")
 
 
 class MaskedLanguageModel(torch.nn.Module):
@@ -32,15 +35,30 @@ class MaskedLanguageModel(torch.nn.Module):
 
     @classmethod
     def load(cls, name_or_path: str, trust_remote_code: bool = False) -> MaskedLanguageModel:
-        """Load a checkpoint; where it has no MLM head, a new one is made, tied to the word embeddings."""
+        """Load a checkpoint as a masked-LM model.
+
+        Where the checkpoint has no MLM head, the new one is tied to the word embeddings (logged at
+        INFO: that is expected of a bare encoder); any other weight the checkpoint lacks is named in
+        one warning. Like `from_pretrained`, the model starts in eval mode.
+        """
         path = resolve_model_path(name_or_path)
-        model, info = AutoModelForMaskedLM.from_pretrained(
-            path, output_loading_info=True, trust_remote_code=trust_remote_code
-        )
-        head_missing = [k for k in info["missing_keys"] if k.startswith(("cls.", "lm_head."))]
-        if head_missing:
-            model.tie_weights()
+        model, report = load_pretrained(AutoModelForMaskedLM, path, trust_remote_code)
+        lacking = report.missing
+        embeddings = model.get_input_embeddings().weight
+        own_head = {  # the head's weights but the decoder, which is the word embeddings themselves
+            name for name, tensor in model.named_parameters(remove_duplicate=False)
+            if name.startswith(HEAD_PREFIXES) and tensor is not embeddings
+        }  # fmt: skip
+        if own_head and own_head <= set(lacking):
+            lacking = [k for k in lacking if not k.startswith(HEAD_PREFIXES)]
             log.info("%s has no MLM head; initialised a new one tied to the word embeddings", name_or_path)
+        if lacking:
+            log.warning(
+                "%s lacks weights pre-training needs; they start from random values: %s",
+                name_or_path, ", ".join(lacking),
+            )  # fmt: skip
+        if report.unexpected:
+            log.debug("%s: weights pre-training does not use: %s", name_or_path, ", ".join(report.unexpected))
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         return cls(model, tokenizer, str(name_or_path))
 

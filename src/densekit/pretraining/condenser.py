@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 
 from densekit.pretraining.backbone import MaskedLanguageModel, init_like_bert
-from densekit.pretraining.config import CondenserSection
+from densekit.pretraining.base import PretrainTask
+from densekit.pretraining.config import CondenserSection, PretrainConfig
+from densekit.pretraining.corpus import TokenizedCorpus
 
 
 class CondenserHead(torch.nn.Module):
@@ -79,3 +81,27 @@ class Condenser(torch.nn.Module):
     def late_cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The late CLS states alone (for the first pass of gradient caching)."""
         return self.mlm.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, 0]
+
+
+class CondenserTask(PretrainTask):
+    """Loss = MLM(head) + late_mlm_weight x MLM(late output), each averaged over the masked tokens."""
+
+    module: Condenser
+
+    def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainConfig):
+        super().__init__(mlm, corpus, config, Condenser(mlm, config.condenser))
+
+    def losses(self, batch: dict[str, torch.Tensor], masked: float) -> dict[str, torch.Tensor]:
+        """The head's and the late output's MLM losses."""
+        return self.condenser_losses(batch, masked)[0]
+
+    def condenser_losses(
+        self, batch: dict[str, torch.Tensor], masked: float
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The two MLM losses and the late CLS states they came with."""
+        head_sum, late_sum, cls = self.module(batch["input_ids"], batch["attention_mask"], batch["labels"])
+        return {"mlm_head": head_sum / masked, "mlm_late": late_sum / masked}, cls
+
+    def loss_weights(self, for_gradient: bool) -> dict[str, float]:
+        """The late output's MLM weight."""
+        return {"mlm_late": self.config.condenser.late_mlm_weight}

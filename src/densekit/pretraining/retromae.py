@@ -14,10 +14,15 @@ Total = decoder loss + encoder MLM. The decoder is dropped afterwards.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from densekit.pretraining.backbone import MaskedLanguageModel, init_like_bert
-from densekit.pretraining.config import RetroMAESection
+from densekit.pretraining.base import PretrainTask, Row, labelled_count
+from densekit.pretraining.config import PretrainConfig, RetroMAESection
+from densekit.pretraining.corpus import TokenizedCorpus
+from densekit.pretraining.masking import IGNORE, decoder_visibility
+from densekit.pretraining.sequences import pad
 
 
 class TwoStreamLayer(torch.nn.Module):
@@ -90,3 +95,50 @@ class RetroMAE(torch.nn.Module):
         visible = (batch["attention_mask"] > 0)[:, None, :].expand(-1, width, -1)
         decoded = self.decoder(content, content, visible)
         return encoder_loss, self.mlm.mlm_loss_sum(decoded, batch["decoder_labels"])
+
+
+class RetroMAETask(PretrainTask):
+    """Loss = encoder MLM (averaged over its masked tokens) + decoder loss (averaged over its targets)."""
+
+    module: RetroMAE
+
+    def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainConfig):
+        super().__init__(mlm, corpus, config, RetroMAE(mlm, config.retromae))
+
+    def row(self, ids: np.ndarray, word_ids: np.ndarray, rng: np.random.Generator) -> Row:
+        """The encoder's row, plus the decoder's input and targets: with enhanced decoding the whole
+        text, every token but the first (its place is the sentence embedding's) a target; with basic
+        decoding the text masked again at `decoder_mask_ratio`."""
+        row = super().row(ids, word_ids, rng)
+        settings = self.config.retromae
+        if settings.decoding == "basic":
+            row["decoder_input_ids"], row["decoder_labels"] = self.sequences.mask(
+                ids, word_ids, settings.decoder_mask_ratio, rng
+            )
+        else:
+            row["decoder_input_ids"] = ids
+            row["decoder_labels"] = np.where(np.arange(len(ids)) == 0, IGNORE, ids)
+        row["rng"] = rng  # draws the decoder's attention once the batch's width is known
+        return row
+
+    def collate(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+        """The encoder's tensors, the decoder's, and each row's enhanced-decoding attention mask."""
+        batch = super().collate(rows)
+        width = batch["input_ids"].shape[1]
+        batch["decoder_input_ids"] = pad([r["decoder_input_ids"] for r in rows], self.sequences.pad_id)
+        batch["decoder_labels"] = pad([r["decoder_labels"] for r in rows], IGNORE)
+        batch["decoder_visible"] = torch.from_numpy(
+            np.stack(
+                [
+                    decoder_visibility(r["length"], width, self.config.retromae.visible_ratio, r["rng"])
+                    for r in rows
+                ]
+            )
+        )
+        return batch
+
+    def losses(self, batch: dict[str, torch.Tensor], masked: float) -> dict[str, torch.Tensor]:
+        """The encoder's MLM loss and the decoder's loss."""
+        encoder_sum, decoder_sum = self.module(batch)
+        decoded = labelled_count(batch["decoder_labels"])
+        return {"mlm_encoder": encoder_sum / masked, "decoder": decoder_sum / decoded}

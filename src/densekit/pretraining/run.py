@@ -8,7 +8,7 @@ from typing import Any
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.corpus import read_texts, tokenize_corpus
-from densekit.pretraining.tasks import PretrainTask
+from densekit.pretraining.tasks import make_task
 from densekit.training import distributed
 from densekit.training.run import start_run
 from densekit.training.trainer import Trainer
@@ -35,7 +35,7 @@ def run_pretraining(
         None if whole_documents else config.model.max_length - 2,
         show_progress and distributed.is_main(),
     )
-    task = PretrainTask(mlm, corpus, config)
+    task = make_task(mlm, corpus, config)
     task.module.to(device)
     trainer = Trainer(
         task, config.optim, config.checkpoint, output, config_yaml, config.log_every, None, show_progress

@@ -16,6 +16,7 @@ from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.device import resolve_device
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
+from densekit.fine_tuning import run_training
 from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.io.outputs import check_file_output, write_output_text
 from densekit.mining.filters import MiningSettings
@@ -26,7 +27,6 @@ from densekit.pretraining.run import run_pretraining
 from densekit.retrieval.bm25 import BM25Config, BM25Index
 from densekit.retrieval.dense import dense_search
 from densekit.training.config import RunConfig, TrainConfig
-from densekit.training.run import run_training
 
 
 class Step(BaseModel):

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from densekit.data.examples import TrainingExample
 from densekit.encoding.device import autocast
 from densekit.models.encoder import DenseEncoder
 from densekit.training import distributed
 from densekit.training.config import INNER_PRODUCT_TEMPERATURE, NORMALIZED_TEMPERATURE, TrainConfig
-from densekit.training.examples import TrainingExample
 from densekit.training.grad_cache import cached_backward, split_inputs
 from densekit.training.groups import GroupSampler
 from densekit.training.sampling import global_batch_rows, local_batch_rows
@@ -60,7 +60,7 @@ def contrastive_loss(
 
     Query i's positive is passage i·group_size; passages where `false_negatives` is True (for the
     gathered batch when `cross_device`) are left out of the query's softmax. Under several processes
-    the loss is multiplied by their number, because gradients are averaged over processes afterwards.
+    the loss is weighted for the average of gradients that follows (`distributed.gathered_loss_weight`).
     """
     if cross_device:
         queries, passages = distributed.gather_with_grad(queries), distributed.gather_with_grad(passages)
@@ -71,7 +71,7 @@ def contrastive_loss(
         scores = scores.masked_fill(false_negatives.to(scores.device), float("-inf"))
     targets = torch.arange(scores.shape[0], device=scores.device) * group_size
     loss = F.cross_entropy(scores, targets)
-    return loss * distributed.world_size() if cross_device else loss
+    return loss * distributed.gathered_loss_weight() if cross_device else loss
 
 
 class ContrastiveTask:
@@ -208,8 +208,8 @@ class ContrastiveTask:
             queries = encode_queries(batch.queries)[0]
             loss = self._loss(queries, encode_passages(batch.passages)[0], scale, batch.false_negatives)
             loss.backward()
-        world = distributed.world_size() if self.config.loss.cross_device_negatives else 1
-        return {"loss": float(loss.detach()) / scale / world}
+        weight = distributed.gathered_loss_weight() if self.config.loss.cross_device_negatives else 1
+        return {"loss": float(loss.detach()) / scale / weight}
 
     def export(self, path: Path) -> None:
         """Save the trained encoder as a model folder."""

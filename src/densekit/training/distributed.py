@@ -58,6 +58,14 @@ def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def gathered_loss_weight() -> int:
+    """What a loss over the batch gathered from every process is multiplied by before its backward
+    pass, and divided by when reported: each process's gradient holds only its own part's share of
+    that loss, and `average_gradients` takes their mean, so the mean equals one process's gradient of
+    the whole loss only when each process back-propagates world-size times it."""
+    return world_size()
+
+
 def average_gradients(parameters: list[torch.nn.Parameter]) -> None:
     """Average `.grad` over processes, in one flat buffer per dtype.
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 import numpy as np
 
-from densekit.training.examples import TrainingExample
+from densekit.data.examples import TrainingExample
 
 log = logging.getLogger("densekit")
 

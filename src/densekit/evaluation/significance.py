@@ -1,4 +1,5 @@
-"""Per-query nDCG@10 of TREC runs, and a paired randomisation test between two of them."""
+"""Per-query nDCG@10 of TREC runs, and a paired randomisation test between two of them (used by the
+benchmarks to compare runs query by query)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The small-BERT benchmark's up-front check of --fine-tune, before hours of pre-training."""
+"""The small-BERT benchmark's up-front check of --fine-tune, before hours of pre-training (a check of
+the benchmark script, kept with it: the package's tests never import benchmarks/)."""
 
 from pathlib import Path
 
@@ -6,7 +7,7 @@ import pytest
 
 from benchmarks.pretrain_small_bert import check_fine_tune
 
-RECIPES = Path(__file__).parent.parent / "recipes"
+RECIPES = Path(__file__).parents[2] / "recipes"
 
 
 def test_the_two_round_recipe_passes_the_check(beir_dir: Path, tiny_model: Path, tmp_path: Path):
