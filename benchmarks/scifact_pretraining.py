@@ -24,9 +24,9 @@ import shutil
 from pathlib import Path
 
 from benchmarks.machine import machine_info
-from densekit.evaluation.significance import paired_test, per_query_ndcg
 from densekit.configuration import validate_config
 from densekit.data.dataset import Dataset
+from densekit.evaluation.significance import paired_test, per_query_ndcg
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
 from densekit.recipes.runner import load_recipe, run_recipe

@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import ir_measures
+import pytest
 from typer.testing import CliRunner
 
 from densekit.cli import app
+
+from .test_bm25_and_evaluation import ranked_lists, reference_scores
 
 runner = CliRunner()
 
@@ -37,25 +39,17 @@ def test_pipeline_from_files_to_metrics(tiny_st_model: Path, beir_dir: Path, tmp
     lines = run.read_text().splitlines()
     assert len(lines) == 4 * 3
     assert all(line.split()[0] != line.split()[2] for line in lines)  # q3 never retrieves itself
-    result = invoke(
-        "evaluate", beir_dir / "qrels" / "test.tsv", run, "--json", scores, "-m", "nDCG@10", "-m", "P@1"
-    )
+    qrels_file = beir_dir / "qrels" / "test.tsv"
+    names = ["nDCG@10", "RR@10", "R@10", "R@100", "AP", "P@1"]
+    result = invoke("evaluate", qrels_file, run, "--json", scores, *(arg for n in names for arg in ("-m", n)))
     assert result.exit_code == 0
     written = json.loads(scores.read_text())
-    assert list(written) == ["nDCG@10", "P@1"]
-    qrels = {q: {d: r for _, d, r in rows} for q, rows in _group(beir_dir / "qrels" / "test.tsv").items()}
-    expected = ir_measures.calc_aggregate(
-        [ir_measures.nDCG @ 10, ir_measures.P @ 1], qrels, ir_measures.read_trec_run(str(run))
-    )
-    assert written == {str(m): v for m, v in expected.items()}
-
-
-def _group(path: Path) -> dict[str, list]:
-    grouped: dict[str, list] = {}
-    for line in path.read_text().splitlines()[1:]:
-        q, d, r = line.split("\t")
-        grouped.setdefault(q, []).append((q, d, int(r)))
-    return grouped
+    assert list(written) == names
+    qrels: dict[str, dict[str, int]] = {}
+    for line in qrels_file.read_text().splitlines()[1:]:
+        query, doc, relevance = line.split("\t")
+        qrels.setdefault(query, {})[doc] = int(relevance)
+    assert written == pytest.approx(reference_scores(qrels, ranked_lists(run)), abs=1e-9)
 
 
 def test_bm25_command_writes_a_run(beir_dir: Path, tmp_path: Path):

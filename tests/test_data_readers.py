@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from densekit.data import DataError, Dataset, Diagnostics
-from densekit.data.trec import read_qrels, read_run
+from densekit.data.trec import read_qrels, read_run, write_run
 from densekit.data.validate import validate_dataset
 
 from .conftest import CORPUS, QUERIES, write_beir
@@ -223,6 +223,11 @@ def test_trec_qrels_must_keep_one_layout(tmp_path: Path):
         ("q1 Q0 d1 1 2.5", "expected 6 columns"),
         ("q1 Q0 d1 one 2.5 t", "rank 'one' is not an integer"),
         ("q1 Q0 d1 1 high t", "score 'high' is not a number"),
+        ("q1 Q0 d1 1 nan t", "score 'nan' is not a finite number: it cannot be ranked"),
+        ("q1 Q0 d1 1 -NaN t", "score '-NaN' is not a finite number"),
+        ("q1 Q0 d1 1 inf t", "score 'inf' is not a finite number"),
+        ("q1 Q0 d1 1 -Infinity t", "score '-Infinity' is not a finite number"),
+        ("q1 Q0 d1 1 1e999 t", "score '1e999' is not a finite number"),
     ],
 )
 def test_run_errors_name_the_line(tmp_path: Path, line: str, message: str):
@@ -232,3 +237,10 @@ def test_run_errors_name_the_line(tmp_path: Path, line: str, message: str):
         read_run(path, Diagnostics())
     problem = only_problem(err)
     assert problem.line == 2 and message in problem.message
+
+
+@pytest.mark.parametrize("score", [float("nan"), float("inf"), float("-inf")])
+def test_a_run_with_a_score_that_cannot_be_ranked_is_not_written(tmp_path: Path, score: float):
+    with pytest.raises(ValueError, match=r"query 'q1', document 'd2': score (nan|inf|-inf) is not finite"):
+        write_run(tmp_path / "run.trec", {"q1": {"d1": 2.0, "d2": score}})
+    assert not (tmp_path / "run.trec").exists()

@@ -266,3 +266,48 @@ def test_damaged_or_missing_manifests_are_errors_naming_the_file(tmp_path: Path)
     (tmp_path / "densekit-artefact.json").write_text("{not json")
     with pytest.raises(DataError, match=r"densekit-artefact\.json: error: not a readable densekit manifest"):
         read_manifest(tmp_path)
+
+
+def test_an_output_of_the_wrong_shape_fails_in_one_line_before_any_work(
+    capsys, tiny_st_model: Path, beir_dir: Path, tmp_path: Path, monkeypatch
+):
+    """A folder where a file is written, or a file where a folder is, fails at once, naming the path."""
+    folder, afile = tmp_path / "a-folder", tmp_path / "a-file"
+    folder.mkdir()
+    afile.write_text("x")
+    encode_calls = []
+    monkeypatch.setattr("densekit.encoding.corpus.embed_texts", lambda *a, **k: encode_calls.append(1))
+    qrels = beir_dir / "qrels" / "test.tsv"
+    run = tmp_path / "run.trec"
+    run.write_text("q1 Q0 d1 1 1.0 t\n")
+    config = tmp_path / "train.yaml"
+    config.write_text(f"data: {{path: {beir_dir}, train: {tmp_path / 'examples.jsonl'}}}\n")
+    (tmp_path / "examples.jsonl").write_text('{"query_id": "q1", "query": "a", "positives": ["d1"]}\n')
+    commands = [
+        (["bm25", beir_dir, "-o", folder], f"{folder} is a folder"),
+        (["evaluate", qrels, run, "--json", folder], f"{folder} is a folder"),
+        (["search", tiny_st_model, tmp_path / "no-index", beir_dir, "-o", folder], f"{folder} is a folder"),
+        (["mine", beir_dir, "--split", "test", "-o", folder], f"{folder} is a folder"),
+        (["encode", tiny_st_model, beir_dir, "-o", afile, "--device", "cpu"], f"{afile} is a file"),
+        (["train", config, "--out", afile], f"{afile} is a file"),
+        (["quickstart", "--data", beir_dir, "--out", afile], f"{afile} is a file"),
+    ]
+    for args, message in commands:
+        quiet = [] if args[0] == "evaluate" else ["--no-progress"]
+        code, err, _ = cli(capsys, *args, *quiet)
+        assert code == 2 and message in err and "Traceback" not in err, (args, err)
+    assert encode_calls == [] and afile.read_text() == "x" and list(folder.iterdir()) == []
+
+
+def test_a_run_refused_for_bad_input_leaves_no_folder_behind(capsys, beir_dir: Path, tmp_path: Path):
+    examples = tmp_path / "examples.jsonl"
+    examples.write_text('{"query_id": "q1", "query": "a", "positives": ["d1"], "negatives": ["d1"]}\n')
+    config = tmp_path / "train.yaml"
+    config.write_text(f"data: {{path: {beir_dir}, train: {examples}}}\n")
+    code, err, _ = cli(capsys, "train", config, "--out", tmp_path / "run", "--no-progress")
+    assert code == 2 and "examples.jsonl:1: error: document 'd1' is both a positive and a negative" in err
+    assert not (tmp_path / "run").exists()
+    pretrain = tmp_path / "pretrain.yaml"
+    pretrain.write_text(f"data: {{path: {tmp_path / 'no-such-corpus.txt'}}}\n")
+    code, err, _ = cli(capsys, "pretrain", pretrain, "--out", tmp_path / "pre", "--no-progress")
+    assert code == 2 and "no-such-corpus.txt" in err and not (tmp_path / "pre").exists()

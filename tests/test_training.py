@@ -27,7 +27,7 @@ from densekit.fine_tuning import run_training
 from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 from densekit.training import distributed
-from densekit.training.checkpoint import load_checkpoint, save_checkpoint
+from densekit.training.checkpoint import checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint
 from densekit.training.config import TrainConfig
 from densekit.training.contrastive import ContrastiveTask, contrastive_loss
 from densekit.training.grad_cache import split_inputs
@@ -463,3 +463,51 @@ def test_the_default_temperature_follows_normalisation_and_a_mismatch_is_warned_
     with caplog.at_level(logging.WARNING, logger="densekit"):
         task = make_task(make_config(collection, still_model, loss={"temperature": 0.05}))
     assert task.temperature == 0.05 and "with unnormalised embeddings" in caplog.text
+
+
+def test_gradient_accumulation_steps_with_the_mean_of_its_micro_batches_gradients(
+    collection, still_model: Path, tmp_path: Path
+):
+    """With in-batch negatives, two micro-batches of 4 are not one batch of 8 (GradCache is that);
+    accumulation must give the mean of the micro-batches' gradients, from consecutive batches."""
+    optim = {"batch_size": 4, "grad_accumulation": 2, "max_grad_norm": None}
+    config = make_config(collection, still_model, optim=optim)
+    task = make_task(config)
+    trainer = Trainer(task, config.optim, config.checkpoint, tmp_path, "", show_progress=False)
+    stepped = {}
+
+    def record_instead_of_stepping(*args, **kwargs):
+        stepped.update(gradients(task.encoder))
+
+    trainer.optimizer.step = record_instead_of_stepping
+    trainer.state["step"] = 1  # the second optimizer step reads micro-batches 2 and 3: epoch 0's last
+    figures = trainer._one_step()  # (12 examples make 3 of 4) and epoch 1's first
+
+    reference = make_task(config)
+    losses = [reference.forward_backward(reference.batch(*at), 0.5)["loss"] for at in ((0, 2), (1, 0))]
+    assert abs(figures["loss"] - sum(losses) / 2) < 1e-10
+    assert max_difference(stepped, gradients(reference.encoder)) < 1e-10
+    assert trainer.steps_per_epoch == 1  # 3 micro-batches an epoch make 1 whole step
+
+
+def test_bf16_mixed_precision_trains_close_to_float32(collection, still_model: Path):
+    full = make_task(make_config(collection, still_model, optim={"batch_size": 4}), dtype=torch.float32)
+    half = make_task(make_config(collection, still_model, optim={"batch_size": 4, "precision": "bf16"}),
+                     dtype=torch.float32)  # fmt: skip
+    full_loss = full.forward_backward(full.batch(0, 0))["loss"]
+    half_loss = half.forward_backward(half.batch(0, 0))["loss"]
+    assert half_loss != full_loss and abs(half_loss - full_loss) < 0.02 * abs(full_loss)
+    a, b = gradients(full.encoder), gradients(half.encoder)
+    flat_a = torch.cat([a[k].flatten() for k in a])
+    flat_b = torch.cat([b[k].flatten() for k in a])
+    assert float(torch.nn.functional.cosine_similarity(flat_a, flat_b, dim=0)) > 0.99
+
+
+def test_pruning_keeps_the_newest_checkpoints_and_nothing_else_is_touched(tmp_path: Path):
+    root = tmp_path / "checkpoints"
+    for step in (3, 12, 9, 100):
+        (root / f"step-{step:08d}").mkdir(parents=True)
+    (root / "notes").mkdir()
+    prune_checkpoints(root, keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["notes", "step-00000012", "step-00000100"]
+    assert [p.name for p in checkpoints(root)] == ["step-00000012", "step-00000100"]  # by number, not name

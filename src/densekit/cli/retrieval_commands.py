@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import annotated_types
 import typer
 
 from densekit.cli.options import (
@@ -29,10 +30,32 @@ from densekit.cli.options import (
 )
 from densekit.data.dataset import Dataset
 from densekit.data.trec import RUN_KIND, write_run
+from densekit.index.spec import IndexSpec, IndexType, SpecError
 from densekit.io.outputs import check_file_output
 
 log = logging.getLogger("densekit")
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Where to write the result.")]
+
+
+def _bounds(field: str) -> dict[str, Any]:
+    """IndexSpec's bounds on an integer `field`, as typer's `min` and `max`, so that the command line
+    refuses what the spec would."""
+    bounds: dict[str, Any] = {}
+    for rule in IndexSpec.model_fields[field].metadata:
+        if isinstance(rule, annotated_types.Gt):
+            bounds["min"] = rule.gt + 1
+        elif isinstance(rule, annotated_types.Ge):
+            bounds["min"] = rule.ge
+        elif isinstance(rule, annotated_types.Lt):
+            bounds["max"] = rule.lt - 1
+        elif isinstance(rule, annotated_types.Le):
+            bounds["max"] = rule.le
+    return bounds
+
+
+def _option_error(err: SpecError) -> ValueError:
+    """A spec's error as the command line names it: by its option."""
+    return ValueError(f"{err.option} {err.value}: {err.reason}")
 
 
 def bm25(
@@ -116,15 +139,26 @@ def encode(
 def index(
     embeddings: Annotated[Path, typer.Argument(help="A folder written by `densekit encode`.")],
     output: OutputOpt,
-    index_type: Annotated[str, typer.Option("--type", help="flat (exact), hnsw or ivfpq.")] = "flat",
-    hnsw_m: Annotated[int, typer.Option(help="HNSW neighbours per node.")] = 32,
-    ef_construction: Annotated[int, typer.Option(help="HNSW build candidate list.")] = 200,
-    ef_search: Annotated[int, typer.Option(help="HNSW search candidate list (saved as the default).")] = 256,
-    nlist: Annotated[int | None, typer.Option(help="IVF lists (default 4·sqrt(n), capped).")] = None,
-    nprobe: Annotated[int, typer.Option(help="IVF lists probed (saved as the default).")] = 32,
-    pq_m: Annotated[int | None, typer.Option(help="PQ sub-quantisers (default dimension/4).")] = None,
+    index_type: Annotated[IndexType, typer.Option("--type", help="flat (exact), hnsw or ivfpq.")] = "flat",
+    hnsw_m: Annotated[int, typer.Option(help="HNSW neighbours per node.", **_bounds("hnsw_m"))] = 32,
+    ef_construction: Annotated[
+        int, typer.Option(help="HNSW build candidate list.", **_bounds("ef_construction"))
+    ] = 200,
+    ef_search: Annotated[
+        int, typer.Option(help="HNSW search candidate list (saved as the default).", **_bounds("ef_search"))
+    ] = 256,
+    nlist: Annotated[
+        int | None, typer.Option(help="IVF lists (default 4·sqrt(n), capped).", **_bounds("nlist"))
+    ] = None,
+    nprobe: Annotated[
+        int, typer.Option(help="IVF lists probed (saved as the default).", **_bounds("nprobe"))
+    ] = 32,
+    pq_m: Annotated[
+        int | None, typer.Option(help="PQ sub-quantisers (default dimension/4).", **_bounds("pq_m"))
+    ] = None,
     pq_bits: Annotated[
-        int | None, typer.Option(help="PQ bits per code (default 8, less for small corpora).")
+        int | None,
+        typer.Option(help="PQ bits per code (default 8, less for small corpora).", **_bounds("pq_bits")),
     ] = None,
     progress: ProgressOpt = True,
 ) -> None:
@@ -133,13 +167,16 @@ def index(
     OUTPUT must be new, an empty folder or an index folder densekit made (which is replaced).
     """
     from densekit.encoding.store import EmbeddingStore
-    from densekit.index import IndexSpec, build_index
+    from densekit.index import build_index
 
-    spec = IndexSpec(
-        type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction, ef_search=ef_search,
-        nlist=nlist, nprobe=nprobe, pq_m=pq_m, pq_bits=pq_bits,
-    )  # fmt: skip
-    build_index(EmbeddingStore.open(embeddings), spec, output, show_progress=progress)
+    try:
+        spec = IndexSpec.checked(
+            type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction, ef_search=ef_search,
+            nlist=nlist, nprobe=nprobe, pq_m=pq_m, pq_bits=pq_bits,
+        )  # fmt: skip
+        build_index(EmbeddingStore.open(embeddings), spec, output, show_progress=progress)
+    except SpecError as err:
+        raise _option_error(err) from None
     log.info("wrote %s", output)
 
 
@@ -156,8 +193,12 @@ def search(
     gpu_index: Annotated[
         bool, typer.Option("--gpu-index", help="Search the index on the GPUs faiss sees.")
     ] = False,
-    ef_search: Annotated[int | None, typer.Option(help="HNSW: override the saved candidate list.")] = None,
-    nprobe: Annotated[int | None, typer.Option(help="IVF: override the saved lists probed.")] = None,
+    ef_search: Annotated[
+        int | None, typer.Option(help="HNSW: override the saved candidate list.", **_bounds("ef_search"))
+    ] = None,
+    nprobe: Annotated[
+        int | None, typer.Option(help="IVF: override the saved lists probed.", **_bounds("nprobe"))
+    ] = None,
     pooling: PoolingOpt = None,
     normalize: NormalizeOpt = None,
     query_max_length: QueryLengthOpt = None,
@@ -179,7 +220,10 @@ def search(
         query_prefix, passage_prefix, trust_remote_code,
     )  # fmt: skip
     searcher = SearchIndex.load(index_dir, gpu=gpu_index)
-    searcher.set_search_parameters(ef_search=ef_search, nprobe=nprobe)
+    try:
+        searcher.set_search_parameters(ef_search=ef_search, nprobe=nprobe)
+    except SpecError as err:
+        raise _option_error(err) from None
     run = dense_search(
         encoder,
         searcher,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -121,7 +122,8 @@ def check_judged_ids(
 
 
 def read_run(path: Path, diagnostics: Diagnostics) -> Run:
-    """Read a TREC run (`query-id Q0 doc-id rank score tag`) into `{query id: {doc id: score}}`."""
+    """Read a TREC run (`query-id Q0 doc-id rank score tag`) into `{query id: {doc id: score}}`; a score
+    must be a finite number (not `nan` or `inf`)."""
     path = Path(path)
     run: Run = {}
     for lineno, line in iter_lines(path):
@@ -145,6 +147,11 @@ def read_run(path: Path, diagnostics: Diagnostics) -> Run:
         except ValueError:
             diagnostics.error(path, lineno, f"score {raw_score!r} is not a number")
             continue
+        if not math.isfinite(score):
+            diagnostics.error(
+                path, lineno, f"score {raw_score!r} is not a finite number: it cannot be ranked"
+            )
+            continue
         ranked = run.setdefault(query_id, {})
         if doc_id in ranked:
             diagnostics.error(path, lineno, f"document {doc_id!r} appears twice for query {query_id!r}")
@@ -158,12 +165,15 @@ RUN_KIND = "run"
 
 def write_run(path: Path, run: Run, tag: str = "densekit", inputs: Iterable[Path | str] = ()) -> None:
     """Write a run atomically in TREC's format, best first (ties keep their order), ranks from 1, as a
-    file output (see `densekit.io.outputs`: never over an input or a file densekit did not write)."""
+    file output (see `densekit.io.outputs`: never over an input or a file densekit did not write). A
+    score that is NaN or infinite is an error: `read_run` could not rank it."""
     with output_file(path, RUN_KIND, inputs=inputs) as handle:
         for query_id, ranked in run.items():
             _check_id(query_id)
             ordered = sorted(ranked.items(), key=lambda pair: -pair[1])
             for rank, (doc_id, score) in enumerate(ordered, start=1):
+                if not math.isfinite(score):
+                    raise ValueError(f"query {query_id!r}, document {doc_id!r}: score {score} is not finite")
                 handle.write(f"{query_id} Q0 {doc_id} {rank} {score:.9g} {tag}\n")
 
 

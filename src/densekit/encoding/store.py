@@ -9,6 +9,7 @@ The `.json` is written last, atomically: a part without one is incomplete and is
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -66,8 +67,23 @@ class EmbeddingPart:
         path = self.stem.with_suffix(".npy")
         try:
             return np.load(path, mmap_mode="r" if mmap else None)
-        except (ValueError, OSError) as err:
-            raise DataError([Problem(path, None, f"not a readable .npy file ({err})")]) from None
+        except (ValueError, OSError, EOFError) as err:
+            raise DataError([Problem(path, None, self._unreadable(path, err))]) from None
+
+    def _unreadable(self, path: Path, err: Exception) -> str:
+        """Why numpy could not load the part's vectors, in words."""
+        rows, dimension = int(self.meta["rows"]), int(self.meta["dimension"])
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            header, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+                     "shape": (rows, dimension)}
+        )  # fmt: skip
+        needed = len(header.getvalue()) + rows * dimension * np.dtype(np.float32).itemsize
+        size = path.stat().st_size if path.is_file() else None
+        if size is not None and size < needed:
+            vectors = f"{rows} x {dimension} float32 vectors"
+            return f"truncated: {size} bytes, fewer than the {needed} of {vectors}; encode it again"
+        return f"not a readable .npy file ({' '.join(str(err).split())})"
 
     def ids(self) -> list[str]:
         """The ids of the part's rows, in order."""

@@ -26,7 +26,8 @@ def parse_measures(names: Iterable[str]) -> list[Measure]:
 
 
 def evaluate(qrels: Qrels, run: Run, measures: Iterable[str] = DEFAULT_MEASURES) -> dict[str, float]:
-    """Mean of each measure over the queries that have both judgements and results, keyed by name."""
+    """Mean of each measure over the judged queries, keyed by name: a judged query absent from `run`
+    counts as 0, and a query of `run` without judgements is left out."""
     parsed = parse_measures(measures)
     values = ir_measures.calc_aggregate(parsed, qrels, run)
     return {str(m): float(values[m]) for m in parsed}

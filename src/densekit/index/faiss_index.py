@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from densekit.data.diagnostics import DataError, Problem
 from densekit.data.records import Run
 from densekit.encoding.passages import MaxPSettings, best_passage_run
 from densekit.encoding.store import EmbeddingStore
-from densekit.index.spec import IndexSpec
+from densekit.index.spec import IndexSpec, SpecError
 from densekit.io.artefact import artefact_dir, check_artefact_dir, read_manifest, verify
 from densekit.io.outputs import check_not_input
 from densekit.progress import progress_bar
@@ -43,7 +44,8 @@ def build_index(
     """Build an index of `spec` over `store`, part by part, and save it atomically to `output`.
 
     `output` must be new, empty or an index folder densekit made; anything else is refused before
-    any work, and so is an output that is, or holds, the embedding folder.
+    any work, and so is an output that is, or holds, the embedding folder. A vector holding NaN or an
+    infinity is an error naming its part's `.npy` file, its row and its document.
     """
     check_not_input(output, [store.folder])
     check_artefact_dir(output, KIND)
@@ -51,11 +53,21 @@ def build_index(
     if rows == 0:
         raise DataError([Problem(store.folder, None, "no embeddings to index")])
     spec = spec.resolved(rows, dimension)
-    index = _empty_index(spec, dimension, lambda: _training_sample(store, seed))
+
+    def sample() -> np.ndarray:
+        chosen = _training_sample(store.iter_parts(), rows, seed)
+        if not np.isfinite(chosen).all():
+            for part in store.parts:  # find the first bad row of all, not the sample's
+                _check_finite(part.vectors(), part.stem.with_suffix(".npy"), part.ids)
+        return chosen
+
+    index = _empty_index(spec, dimension, sample)
     with progress_bar(f"indexing ({spec.type})", rows, show_progress) as advance:
-        for vectors in store.iter_parts():
+        for part in store.parts:
+            vectors = part.vectors()
             for start in range(0, len(vectors), _ADD_BATCH):
                 batch = np.ascontiguousarray(vectors[start : start + _ADD_BATCH], dtype=np.float32)
+                _check_finite(batch, part.stem.with_suffix(".npy"), part.ids, start)
                 index.add(batch)
                 advance(len(batch))
     meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp}
@@ -73,22 +85,37 @@ def _empty_index(spec: IndexSpec, dimension: int, training_sample: Callable[[], 
     index = faiss.index_factory(dimension, spec.factory_string(), faiss.METRIC_INNER_PRODUCT)
     if spec.type == "hnsw":
         index.hnsw.efConstruction = spec.ef_construction
+    if spec.type == "ivfpq":
+        # Polysemous training orders the codes for Hamming-distance filtering, which densekit never
+        # uses (search results are the same without it), and it takes most of the training time.
+        faiss.downcast_index(index).do_polysemous_training = False
     if not index.is_trained:
         index.train(training_sample())
     return index
 
 
-def _training_sample(store: EmbeddingStore, seed: int) -> np.ndarray:
-    """Up to `_MAX_TRAINING_POINTS` rows drawn uniformly from every part."""
-    rows = len(store)
+def _training_sample(parts: Iterable[np.ndarray], rows: int, seed: int) -> np.ndarray:
+    """Up to `_MAX_TRAINING_POINTS` of the `rows` rows of `parts`, drawn uniformly from all of them."""
     take = min(rows, _MAX_TRAINING_POINTS)
     chosen = np.sort(np.random.default_rng(seed).choice(rows, size=take, replace=False))
     sample, offset = [], 0
-    for vectors in store.iter_parts():
+    for vectors in parts:
         local = chosen[(chosen >= offset) & (chosen < offset + len(vectors))] - offset
         sample.append(np.asarray(vectors[local], dtype=np.float32))
         offset += len(vectors)
     return np.ascontiguousarray(np.concatenate(sample))
+
+
+def _check_finite(vectors: np.ndarray, source: Path, ids: Callable[[], list[str]], start: int = 0) -> None:
+    """Raise naming `source`, the row (counted from 0) and the document of the first vector holding NaN
+    or an infinity; `vectors` are rows `start`... of `source`."""
+    bad = ~np.isfinite(vectors).all(axis=1)
+    if bad.any():
+        row = start + int(np.argmax(bad))
+        values = np.asarray(vectors[row - start])
+        what = "NaN" if np.isnan(values).any() else "an infinite value"
+        message = f"row {row} (document {ids()[row]!r}) holds {what}; encode the corpus again"
+        raise DataError([Problem(source, None, message)])
 
 
 class SearchIndex:
@@ -119,12 +146,15 @@ class SearchIndex:
         ids: list[str],
         spec: IndexSpec = IndexSpec(),
         maxp: MaxPSettings | None = None,
+        seed: int = 0,
     ) -> SearchIndex:
         """An index held in memory only (for evaluation and mining inside a run); rows are passages
-        of documents when `maxp` says how they were cut."""
+        of documents when `maxp` says how they were cut. It is the index `build_index` makes of the
+        same vectors with the same `seed`."""
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        _check_finite(vectors, Path("<memory>"), lambda: list(ids))
         spec = spec.resolved(len(vectors), vectors.shape[1])
-        index = _empty_index(spec, vectors.shape[1], lambda: vectors[:_MAX_TRAINING_POINTS])
+        index = _empty_index(spec, vectors.shape[1], lambda: _training_sample([vectors], len(vectors), seed))
         index.add(vectors)
         meta = {
             "spec": spec.model_dump(),
@@ -150,8 +180,7 @@ class SearchIndex:
         try:
             index = faiss.read_index(str(folder / INDEX_FILE))
         except RuntimeError as err:
-            message = str(err).strip().splitlines()[-1] if str(err).strip() else "unreadable"
-            problem = Problem(folder / INDEX_FILE, None, f"faiss cannot read it: {message}")
+            problem = Problem(folder / INDEX_FILE, None, f"faiss cannot read it: {_faiss_reason(err)}")
             raise DataError([problem]) from None
         ids = (folder / IDS_FILE).read_text(encoding="utf-8").splitlines()
         if len(ids) != index.ntotal:
@@ -166,21 +195,30 @@ class SearchIndex:
         return int(self.index.d)
 
     def set_search_parameters(self, ef_search: int | None = None, nprobe: int | None = None) -> None:
-        """Set HNSW's candidate list size or IVF's lists probed (the spec's values by default)."""
+        """Set HNSW's candidate list size or IVF's lists probed (None: the spec's value). A value out of
+        `IndexSpec`'s bounds, or one the index's type has no use for, raises `SpecError` before faiss
+        sees it."""
+        for field, value, wanted in (("ef_search", ef_search, "hnsw"), ("nprobe", nprobe, "ivfpq")):
+            if value is not None and self.spec.type != wanted:
+                reason = f"only {wanted} indexes use it; {self.folder} is {self.spec.type}"
+                raise SpecError(field, value, reason)
+        spec = self.spec.updated(ef_search=ef_search, nprobe=nprobe)
         if self.spec.type == "hnsw":
-            faiss.ParameterSpace().set_index_parameter(
-                self.index, "efSearch", ef_search or self.spec.ef_search
-            )
+            faiss.ParameterSpace().set_index_parameter(self.index, "efSearch", spec.ef_search)
         elif self.spec.type == "ivfpq":
-            self.parameters.set_index_parameter(self.index, "nprobe", nprobe or self.spec.nprobe)
+            self.parameters.set_index_parameter(self.index, "nprobe", spec.nprobe)
 
     def search(self, queries: np.ndarray, k: int) -> Hits:
-        """The top `k` rows per query; ids are looked up only when asked for (`Hits.doc_ids`)."""
+        """The top `k` rows per query (no more than the index holds); ids are looked up only when asked
+        for (`Hits.doc_ids`)."""
         if queries.ndim != 2 or queries.shape[1] != self.dimension:
             raise ValueError(
                 f"query vectors of shape {queries.shape}; the index holds dimension {self.dimension}"
             )
-        scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        if k < 1:
+            raise ValueError(f"k={k}: at least one result per query must be asked for")
+        depth = min(k, max(1, int(self.index.ntotal)))
+        scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), depth)
         return Hits(scores, labels, self.ids)
 
     def search_run(self, queries: np.ndarray, query_ids: list[str], k: int, skip_self: bool = True) -> Run:
@@ -189,7 +227,7 @@ class SearchIndex:
         maxp = self.meta.get("maxp")
         if not maxp:
             return self.search(queries, k + 1 if skip_self else k).to_run(query_ids, k, skip_self)
-        depth = min(int(self.index.ntotal), (k + 1) * MaxPSettings(**maxp).depth_factor)
+        depth = (k + 1) * MaxPSettings(**maxp).depth_factor  # `search` caps it at the rows held
         passages = self.search(queries, depth).to_run(query_ids, depth, skip_self=False)
         documents = best_passage_run(passages, k + 1)
         for query_id, ranked in documents.items():
@@ -198,6 +236,15 @@ class SearchIndex:
             while len(ranked) > k:
                 ranked.popitem()
         return documents
+
+
+def _faiss_reason(err: RuntimeError) -> str:
+    """What faiss's exception says is wrong, without its C++ function and source line."""
+    text = " ".join(str(err).split())
+    short = re.search(r"read error in .*?: (\d+) != (\d+)", text)
+    if short:
+        return f"it is truncated or damaged (a read got {short.group(1)} of {short.group(2)} items)"
+    return re.sub(r"^Error in .*? at \S+: (Error: '.*?' failed: )?", "", text) or "unreadable"
 
 
 def _to_gpus(index: faiss.Index, index_type: str) -> faiss.Index:

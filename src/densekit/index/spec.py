@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 IndexType = Literal["flat", "hnsw", "ivfpq"]
 
 # Faiss's k-means wants at least this many training points per centroid.
 MIN_POINTS_PER_CENTROID = 39
+# The fewest vectors IVF-PQ trains on: its product quantisers' codes of one bit need two centroids.
+MIN_IVFPQ_ROWS = 2 * MIN_POINTS_PER_CENTROID
+
+
+class SpecError(ValueError):
+    """An index parameter that cannot be used, named by its field (`nlist`, `pq_bits`)."""
+
+    def __init__(self, field: str, value: Any, reason: str):
+        super().__init__(f"{field}={value}: {reason}")
+        self.field = field
+        self.value = value
+        self.reason = reason
+
+    @property
+    def option(self) -> str:
+        """The command line's name for the field (`--pq-bits` for `pq_bits`)."""
+        return "--" + self.field.replace("_", "-")
 
 
 class IndexSpec(BaseModel):
@@ -32,15 +49,46 @@ class IndexSpec(BaseModel):
         None, ge=1, le=16, description="PQ: bits per code (default 8, fewer for small corpora)"
     )
 
+    @classmethod
+    def checked(cls, **values: Any) -> IndexSpec:
+        """A spec from `values`, raising `SpecError` naming the first parameter out of its bounds."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise SpecError(field, values.get(field), first["msg"]) from None
+
+    def updated(self, **values: Any) -> IndexSpec:
+        """This spec with `values` replaced (None keeps the current value), checked as `checked` does."""
+        given = {key: value for key, value in values.items() if value is not None}
+        return type(self).checked(**{**self.model_dump(), **given})
+
     def resolved(self, rows: int, dimension: int) -> IndexSpec:
-        """This spec with every automatic parameter chosen for `rows` vectors of `dimension`."""
+        """This spec with every automatic parameter chosen for `rows` vectors of `dimension`.
+
+        Automatic IVF-PQ parameters give Faiss's k-means at least `MIN_POINTS_PER_CENTROID` training
+        vectors per centroid; given ones that Faiss cannot train with raise `SpecError`.
+        """
         if self.type != "ivfpq":
             return self
+        if rows < MIN_IVFPQ_ROWS:
+            raise SpecError(
+                "type", self.type, f"IVF-PQ needs at least {MIN_IVFPQ_ROWS} vectors to train its quantisers "
+                f"({MIN_POINTS_PER_CENTROID} per centroid), not {rows}; use flat for so few"
+            )  # fmt: skip
         nlist = self.nlist or max(1, min(int(4 * math.sqrt(rows)), rows // MIN_POINTS_PER_CENTROID))
+        if nlist > rows:
+            raise SpecError("nlist", nlist, f"more inverted lists than the {rows} vectors to train them on")
         pq_m = self.pq_m or _largest_divisor_at_most(dimension, max(1, dimension // 4))
         if dimension % pq_m:
-            raise ValueError(f"pq_m={pq_m} must divide the dimension {dimension}")
-        pq_bits = self.pq_bits or max(1, min(8, int(math.log2(max(2, rows // MIN_POINTS_PER_CENTROID)))))
+            raise SpecError("pq_m", pq_m, f"sub-quantisers must divide the dimension {dimension}")
+        pq_bits = self.pq_bits or max(1, min(8, int(math.log2(rows // MIN_POINTS_PER_CENTROID))))
+        if 2**pq_bits > rows:
+            raise SpecError(
+                "pq_bits", pq_bits, f"{2**pq_bits} centroids per sub-quantiser, more than the {rows} vectors "
+                "to train them on"
+            )  # fmt: skip
         return self.model_copy(update={"nlist": nlist, "pq_m": pq_m, "pq_bits": pq_bits})
 
     def factory_string(self) -> str:

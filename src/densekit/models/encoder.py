@@ -13,7 +13,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 from densekit.io.artefact import artefact_dir
 from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
 from densekit.models.fingerprint import weights_fingerprint
-from densekit.models.hub import resolve_model_path
+from densekit.models.hub import locate_model
 from densekit.models.loading import load_pretrained
 from densekit.models.pooling import pool, without_prompt
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
@@ -65,7 +65,7 @@ class DenseEncoder(torch.nn.Module):
         cls, name_or_path: str | Path, trust_remote_code: bool = False, **overrides: Any
     ) -> DenseEncoder:
         """Load an encoder; keyword overrides (pooling=..., normalize=...) replace the saved settings."""
-        path = resolve_model_path(name_or_path)
+        path = locate_model(name_or_path)
         local = Path(path)
         fields: dict[str, Any] = {}
         backbone_path: str | Path = path

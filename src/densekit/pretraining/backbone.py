@@ -11,7 +11,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, P
 
 from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
-from densekit.models.hub import resolve_model_path
+from densekit.models.hub import locate_model
 from densekit.models.loading import load_pretrained
 from densekit.pretraining.masking import IGNORE
 
@@ -41,7 +41,7 @@ class MaskedLanguageModel(torch.nn.Module):
         INFO: that is expected of a bare encoder); any other weight the checkpoint lacks is named in
         one warning. Like `from_pretrained`, the model starts in eval mode.
         """
-        path = resolve_model_path(name_or_path)
+        path = locate_model(name_or_path)
         model, report = load_pretrained(AutoModelForMaskedLM, path, trust_remote_code)
         lacking = report.missing
         embeddings = model.get_input_embeddings().weight

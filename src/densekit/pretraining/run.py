@@ -26,11 +26,12 @@ def run_pretraining(
     """Pre-train as `config` says; the encoder without heads is saved to `output/model`. `resume` and
     `overwrite` are those of `run_training`."""
     output = Path(output)
+    texts = read_texts(Path(config.data.path))  # bad input fails here, before the folder is touched
     device, config_yaml, resumed = start_run(config, output, RUN_KIND, resume, overwrite)
     mlm = MaskedLanguageModel.load(config.model.path, config.model.trust_remote_code)
     whole_documents = config.method == "cocondenser"
     corpus = tokenize_corpus(
-        read_texts(Path(config.data.path)),
+        texts,
         mlm.tokenizer,
         None if whole_documents else config.model.max_length - 2,
         show_progress and distributed.is_main(),
