@@ -41,7 +41,7 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
-from densekit.data.diagnostics import DataError
+from densekit.diagnostics import DataError
 from densekit.encoding.device import resolve_device
 from densekit.evaluation.significance import paired_test, per_query_ndcg
 from densekit.io.atomic import write_text_atomic

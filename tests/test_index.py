@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from densekit.data import DataError, Dataset, Diagnostics
+from densekit.data.hits import Hits
 from densekit.data.trec import read_run, write_run
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.passages import MaxPSettings
@@ -22,7 +23,6 @@ from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
 from densekit.models import DenseEncoder
 from densekit.retrieval.dense import dense_search
-from densekit.retrieval.hits import Hits
 
 from .conftest import CORPUS
 

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
 from densekit.configuration import validate_config
-from densekit.data.diagnostics import DataError
+from densekit.diagnostics import DataError
 from densekit.encoding.embed import embed_texts
 from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder

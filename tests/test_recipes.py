@@ -115,7 +115,7 @@ def test_unknown_step_type_and_bad_parameters_are_named(tmp_path: Path):
     with pytest.raises(DataError, match=r"steps\.a: type must be one of"):
         load_recipe(path, tmp_path, [])
     path.write_text("steps:\n  a:\n    type: index\n    embeddings: x\n    output: y\n    colour: red\n")
-    with pytest.raises(DataError, match=r"steps\.a\.colour: Extra inputs are not permitted"):
+    with pytest.raises(DataError, match=r"r.yaml:6: error: steps\.a\.colour: Extra inputs are not permitted"):
         load_recipe(path, tmp_path, [])
 
 
@@ -138,6 +138,13 @@ def test_a_train_steps_config_is_checked_before_anything_runs(tmp_path: Path):
         DataError, match=r"steps\.train\.config\.optim\.batchsize: Extra inputs are not permitted"
     ):
         load_recipe(path, tmp_path, [])
+    with pytest.raises(DataError) as raised:
+        load_recipe(path, tmp_path, ["steps.train.config.optim.lr=1"])
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "batchsize" in text)
+    assert str(raised.value).splitlines() == [
+        f"{path}:{line}: error: steps.train.config.optim.batchsize: Extra inputs are not permitted",
+        "command-line override steps.train.config.optim.lr=1: Extra inputs are not permitted",
+    ]
 
 
 def bm25_recipe(path: Path, data: Path) -> Path:
@@ -186,7 +193,7 @@ def test_an_override_naming_no_key_of_the_recipe_is_refused(beir_dir: Path, tmp_
         run_recipe(recipe, out, ["data.pth=/x"], device="cpu", show_progress=False)
     with pytest.raises(ValueError, match=r"has no step 'steps.bm52'"):
         run_recipe(recipe, out, ["steps.bm52.k=3"], device="cpu", show_progress=False)
-    with pytest.raises(DataError, match=r"steps\.bm25\.kk: Extra inputs are not permitted"):
+    with pytest.raises(DataError, match=r"command-line override steps\.bm25\.kk=3: Extra inputs are not"):
         run_recipe(recipe, out, ["steps.bm25.kk=3"], device="cpu", show_progress=False)
     assert not out.exists()  # refused before anything was written
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from densekit.data.diagnostics import DataError, Problem
+from densekit.diagnostics import DataError, Problem
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 Key = tuple[str, ...]

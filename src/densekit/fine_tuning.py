@@ -9,8 +9,8 @@ from typing import Any
 
 from densekit.ance.hook import AnceHook
 from densekit.data.dataset import Dataset
-from densekit.data.diagnostics import Diagnostics
 from densekit.data.examples import check_example_ids, read_examples
+from densekit.diagnostics import Diagnostics
 from densekit.models.encoder import DenseEncoder
 from densekit.retrieval.in_memory import evaluate_encoder
 from densekit.training.config import TrainConfig

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from densekit.data.diagnostics import Diagnostics
 from densekit.data.examples import TrainingExample, read_examples, write_examples
+from densekit.diagnostics import Diagnostics
 from densekit.io.artefact import artefact_dir
 from densekit.io.atomic import remove_dead_temporaries
 

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from densekit.data.diagnostics import Diagnostics
 from densekit.data.trec import read_qrels, read_run
 from densekit.data.validate import validate_dataset
+from densekit.diagnostics import Diagnostics
 from densekit.evaluation import DEFAULT_MEASURES, PER_QUERY_KIND, SCORES_KIND, evaluate, evaluate_per_query
 from densekit.io.outputs import check_file_output, write_output_text
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 from transformers.utils import logging as transformers_logging
 
 from densekit.cli import data_commands, quickstart_command, recipe_command, retrieval_commands, train_commands
-from densekit.data.diagnostics import DataError
+from densekit.diagnostics import DataError
 from densekit.progress import stderr_console
 
 app = typer.Typer(

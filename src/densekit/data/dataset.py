@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from densekit.data.diagnostics import DataError, Diagnostics, Problem
 from densekit.data.jsonl import iter_jsonl_corpus, read_jsonl_queries
 from densekit.data.lines import count_nonblank_lines
 from densekit.data.records import Document, Qrels
 from densekit.data.trec import Judgement, check_judged_ids, read_judgements, to_qrels
 from densekit.data.tsv import iter_tsv_corpus, read_tsv_queries
+from densekit.diagnostics import DataError, Diagnostics, Problem
 from densekit.io.fingerprint import digest_of, file_digest, path_fingerprint
 
 Layout = Literal["beir", "tsv"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from densekit.data.diagnostics import Diagnostics
 from densekit.data.records import id_problem
+from densekit.diagnostics import Diagnostics
 
 
 class EntryChecker:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from densekit.data.diagnostics import Diagnostics
 from densekit.data.lines import iter_lines
 from densekit.data.records import Qrels
+from densekit.diagnostics import Diagnostics
 from densekit.io.outputs import output_file
 
 log = logging.getLogger("densekit")

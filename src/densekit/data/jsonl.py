@@ -6,10 +6,10 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from densekit.data.diagnostics import Diagnostics
 from densekit.data.entries import EntryChecker
 from densekit.data.lines import iter_lines
 from densekit.data.records import Document
+from densekit.diagnostics import Diagnostics
 
 
 def _iter_objects(path: Path, diagnostics: Diagnostics) -> Iterator[tuple[int, dict]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from densekit.data.diagnostics import DataError, Problem
+from densekit.diagnostics import DataError, Problem
 
 _BOM = b"\xef\xbb\xbf"
 

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from densekit.data.diagnostics import Diagnostics
 from densekit.data.lines import iter_lines
 from densekit.data.records import Qrels, Run, id_problem
+from densekit.diagnostics import Diagnostics
 from densekit.io.outputs import output_file
 
 _BEIR_HEADER = ["query-id", "corpus-id", "score"]

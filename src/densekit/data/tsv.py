@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from densekit.data.diagnostics import Diagnostics
 from densekit.data.entries import EntryChecker
 from densekit.data.lines import iter_lines
 from densekit.data.records import Document
+from densekit.diagnostics import Diagnostics
 
 
 def _iter_rows(path: Path, diagnostics: Diagnostics, widths: tuple[int, ...]) -> Iterator[tuple[int, list]]:

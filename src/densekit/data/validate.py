@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from densekit.data.dataset import Dataset
-from densekit.data.diagnostics import DataError, Diagnostics, Problem, _TooManyErrors
 from densekit.data.trec import check_judged_ids
+from densekit.diagnostics import DataError, Diagnostics, Problem, _TooManyErrors
 
 T = TypeVar("T")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from densekit.data.diagnostics import DataError, Problem
+from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import differences, read_manifest
 from densekit.io.atomic import atomic_file, write_text_atomic
 from densekit.io.fingerprint import file_digest

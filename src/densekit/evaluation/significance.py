@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from densekit.data.diagnostics import Diagnostics
 from densekit.data.trec import read_run
+from densekit.diagnostics import Diagnostics
 from densekit.evaluation import evaluate_per_query
 
 

@@ -18,15 +18,15 @@ from typing import Any
 import faiss
 import numpy as np
 
-from densekit.data.diagnostics import DataError, Problem
+from densekit.data.hits import Hits
 from densekit.data.records import Run
+from densekit.diagnostics import DataError, Problem
 from densekit.encoding.passages import MaxPSettings, best_passage_run
 from densekit.encoding.store import EmbeddingStore
 from densekit.index.spec import IndexSpec, SpecError
 from densekit.io.artefact import artefact_dir, check_artefact_dir, read_manifest, verify
 from densekit.io.outputs import check_not_input
 from densekit.progress import progress_bar
-from densekit.retrieval.hits import Hits
 
 log = logging.getLogger("densekit")
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from densekit.diagnostics import DataError, Problem
 from densekit.io.atomic import atomic_dir, check_replaceable, write_text_atomic
 from densekit.io.fingerprint import file_digest, tree_checksums
 
@@ -24,8 +25,6 @@ MANIFEST = "densekit-artefact.json"
 
 
 def _error(path: Path, message: str) -> Exception:
-    from densekit.data.diagnostics import DataError, Problem  # the data package itself writes through io
-
     return DataError([Problem(path, None, message)])
 
 

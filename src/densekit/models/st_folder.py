@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from densekit.data.diagnostics import DataError, Problem
+from densekit.diagnostics import DataError, Problem
 from densekit.models.config import EncoderConfig
 
 _TRANSFORMER = "sentence_transformers.models.Transformer"

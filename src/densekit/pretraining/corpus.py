@@ -11,8 +11,8 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from densekit.data.dataset import Dataset
-from densekit.data.diagnostics import DataError, Problem
 from densekit.data.lines import iter_lines
+from densekit.diagnostics import DataError, Problem
 from densekit.progress import progress_bar
 
 log = logging.getLogger("densekit")

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel
 
-from densekit.configuration import apply_overrides, read_yaml
+from densekit.configuration import COMMAND_LINE, apply_overrides, key_lines, read_yaml, validate_config
 from densekit.data.dataset import input_fingerprint
-from densekit.data.diagnostics import DataError, Problem
+from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import write_folder_manifest
 from densekit.io.atomic import write_text_atomic
 from densekit.io.outputs import claim_folder
@@ -111,9 +111,27 @@ def _dotted_keys(tree: dict[str, Any], prefix: str = "", exclude: set[str] = fro
     return keys
 
 
+def _validated(
+    model: type[BaseModel], tree: dict, path: Path, where: str, overrides: list[str], lines: dict
+) -> BaseModel:
+    """`tree` as `model`; an invalid key is blamed on its command-line override or on its line of the
+    recipe, named from the recipe's top (`where` is the tree's place in it)."""
+    try:
+        return validate_config(tree, model, path, overrides, lines)
+    except DataError as err:
+        override, named = "command-line override ", f"command-line override {where}."
+        problems = [
+            Problem(p.path, p.line, p.message.replace(override, named, 1) if p.path == COMMAND_LINE
+                    else f"{where}.{p.message}")
+            for p in err.problems
+        ]  # fmt: skip
+        raise DataError(problems) from None
+
+
 def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[str, Any], dict[str, Step]]:
     """The recipe's resolved tree and its steps, validated, in order."""
     tree = read_yaml(path)
+    lines = key_lines(path)
     _check_override_keys(path, tree, overrides)
     tree = apply_overrides(tree, overrides)
     steps_tree = tree.get("steps")
@@ -129,22 +147,17 @@ def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[st
             raise DataError(
                 [Problem(Path(path), None, f"steps.{name}: type must be one of {', '.join(STEP_TYPES)}")]
             )
-        try:
-            steps[name] = step_type.model_validate(resolved)
-        except ValidationError as err:
-            problems = [
-                Problem(Path(path), None, f"steps.{name}.{'.'.join(map(str, e['loc']))}: {e['msg']}")
-                for e in err.errors()
-            ]
-            raise DataError(problems) from None
+        prefix = ("steps", name)
+        step_lines = {key[2:]: line for key, line in lines.items() if key[:2] == prefix}
+        inside = f"steps.{name}."
+        step_overrides = [o.removeprefix(inside) for o in overrides if o.startswith(inside)]
+        steps[name] = _validated(step_type, resolved, path, f"steps.{name}", step_overrides, step_lines)
         if isinstance(steps[name], TrainerStep):
             # check the run's own config now, not when the steps before it are done
-            try:
-                steps[name].validated()
-            except DataError as err:
-                raise DataError(
-                    [Problem(Path(path), None, f"steps.{name}.config.{p.message}") for p in err.problems]
-                ) from None
+            config_lines = {key[1:]: line for key, line in step_lines.items() if key[:1] == ("config",)}
+            config_overrides = [o.removeprefix("config.") for o in step_overrides if o.startswith("config.")]
+            _validated(steps[name].config_type, {"device": "auto", **steps[name].config}, path,
+                       f"steps.{name}.config", config_overrides, config_lines)  # fmt: skip
     return tree, steps
 
 

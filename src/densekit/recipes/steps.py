@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from densekit.configuration import dump_config, validate_config
 from densekit.data.dataset import Dataset
-from densekit.data.diagnostics import Diagnostics
 from densekit.data.trec import RUN_KIND, read_run, write_run
+from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.device import resolve_device
 from densekit.encoding.store import EmbeddingStore

@@ -20,9 +20,9 @@ import numpy as np
 import Stemmer
 from pydantic import BaseModel, ConfigDict, Field
 
+from densekit.data.hits import Hits
 from densekit.data.records import Document, Run
 from densekit.progress import progress_bar
-from densekit.retrieval.hits import Hits
 
 log = logging.getLogger("densekit")
 

@@ -1,4 +1,5 @@
-"""Problems found in input files, each naming the file, the line and what is wrong."""
+"""Problems found in input files, each naming the file, the line and what is wrong (every package
+reports through these, so this module depends on none of them)."""
 
 from __future__ import annotations
 
