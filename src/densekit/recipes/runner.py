@@ -26,7 +26,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from densekit.configuration import COMMAND_LINE, apply_overrides, key_lines, read_yaml, validate_config
+from densekit.configuration import (
+    COMMAND_LINE,
+    ConfigError,
+    apply_overrides,
+    key_lines,
+    read_yaml,
+    validate_config,
+)
 from densekit.data.dataset import input_fingerprint
 from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import write_folder_manifest
@@ -125,7 +132,8 @@ def _validated(
                     else f"{where}.{p.message}")
             for p in err.problems
         ]  # fmt: skip
-        raise DataError(problems) from None
+        shown = [p.message if p.path == COMMAND_LINE else str(p) for p in problems]
+        raise ConfigError(problems, shown) from None
 
 
 def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[str, Any], dict[str, Step]]:
