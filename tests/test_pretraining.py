@@ -132,6 +132,23 @@ def capture_output(module: torch.nn.Module, into: dict, name: str):
     return module.register_forward_hook(lambda _module, _args, output: into.update({name: output}))
 
 
+def decode_step(task: PretrainTask):
+    """One RetroMAE step on a padded batch: the batch, what the decoder was given (`inputs`) and gave
+    (`decoded`), the step's report, the encoder's token states and the decoder tokens' embeddings."""
+    batch = padded_batch(task)
+    seen: dict = {}
+    task.module.decoder.register_forward_pre_hook(lambda _m, args: seen.update(inputs=args))
+    capture_output(task.module.decoder, seen, "decoded")
+    report = task.forward_backward(batch)
+    with torch.no_grad():
+        backbone = task.mlm.backbone
+        states = backbone(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        ).last_hidden_state
+        embedded = backbone.embeddings(input_ids=batch["decoder_input_ids"])
+    return batch, seen, report, states, embedded
+
+
 def test_whole_word_masking_hits_its_ratio_keeps_words_whole_and_replaces_80_10_10():
     rng = np.random.default_rng(0)
     words = np.repeat(np.arange(400), rng.integers(1, 4, size=400))  # words of 1-3 tokens
@@ -327,19 +344,9 @@ def test_retromae_masks_the_encoder_at_its_ratio_and_the_decoder_scores_every_to
             maskable_count += n - 2
     assert abs(labelled_count / maskable_count - 0.3) < 0.06
 
-    batch = padded_batch(task)
-    seen: dict = {}
-    task.module.decoder.register_forward_pre_hook(lambda _m, args: seen.update(inputs=args))
-    capture_output(task.module.decoder, seen, "decoded")
-    report = task.forward_backward(batch)
+    batch, seen, report, states, embedded = decode_step(task)
     query, content, _ = seen["inputs"]
-    with torch.no_grad():
-        backbone = task.mlm.backbone
-        states = backbone(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-        ).last_hidden_state
-        embedded = backbone.embeddings(input_ids=batch["decoder_input_ids"])
-        positions = backbone.embeddings.position_embeddings.weight[1 : batch["input_ids"].shape[1]]
+    positions = task.mlm.backbone.embeddings.position_embeddings.weight[1 : batch["input_ids"].shape[1]]
     h = states[:, :1]  # the sentence embedding: the encoder's CLS state
     assert torch.allclose(query, h + positions[None], rtol=0, atol=1e-12)  # H1 = [h + p_i]
     assert torch.allclose(content, torch.cat([h, embedded[:, 1:]], dim=1), rtol=0, atol=1e-12)  # H2
@@ -423,18 +430,8 @@ def test_retromae_basic_decoding_masks_the_text_again_and_predicts_those_tokens(
             maskable += n - 2
     assert abs(decoder_labelled / maskable - 0.6) < 0.06
 
-    batch = padded_batch(task)
-    seen: dict = {}
-    task.module.decoder.register_forward_pre_hook(lambda _m, args: seen.update(inputs=args))
-    capture_output(task.module.decoder, seen, "decoded")
-    report = task.forward_backward(batch)
+    batch, seen, report, states, embedded = decode_step(task)
     query, content, attention = seen["inputs"]
-    with torch.no_grad():
-        backbone = task.mlm.backbone
-        states = backbone(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-        ).last_hidden_state
-        embedded = backbone.embeddings(input_ids=batch["decoder_input_ids"])
     assert torch.equal(query, content)
     assert torch.allclose(content[:, 0], states[:, 0], rtol=0, atol=1e-12)  # [h; e(x~_i) + p_i]
     assert torch.allclose(content[:, 1:], embedded[:, 1:], rtol=0, atol=1e-12)

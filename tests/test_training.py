@@ -172,21 +172,26 @@ def final_weights(output: Path) -> dict[str, torch.Tensor]:
     return safetensors.torch.load_file(str(output / "model" / "model.safetensors"))
 
 
-def test_killed_run_resumes_to_the_same_weights(collection, tiny_model: Path, tmp_path: Path, monkeypatch):
-    config = make_config(collection, tiny_model)
-    run_training(config, tmp_path / "straight", show_progress=False)
-
+def killed_at_step_five(monkeypatch, config: TrainConfig, output: Path) -> None:
+    """Train into `output` until an interruption as step 5 begins (after the step-3 checkpoint)."""
     real_step = Trainer._one_step
 
-    def killed_at_step_five(self):
+    def interrupted(self):
         if self.state["step"] == 4:
             raise KeyboardInterrupt("killed")
         return real_step(self)
 
-    monkeypatch.setattr(Trainer, "_one_step", killed_at_step_five)
-    with pytest.raises(KeyboardInterrupt):
-        run_training(config, tmp_path / "resumed", show_progress=False)
-    monkeypatch.setattr(Trainer, "_one_step", real_step)
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "_one_step", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run_training(config, output, show_progress=False)
+
+
+def test_killed_run_resumes_to_the_same_weights(collection, tiny_model: Path, tmp_path: Path, monkeypatch):
+    config = make_config(collection, tiny_model)
+    run_training(config, tmp_path / "straight", show_progress=False)
+
+    killed_at_step_five(monkeypatch, config, tmp_path / "resumed")
     state = run_training(config, tmp_path / "resumed", resume=True, show_progress=False)
     assert state["step"] == 6
 
@@ -283,17 +288,7 @@ def test_resume_refuses_changes_that_change_the_run_and_takes_the_others(
     collection = write_training_collection(tmp_path / "data")
     config = make_config(collection, tiny_model)
     output = tmp_path / "run"
-    real_step = Trainer._one_step
-
-    def killed_at_step_five(self):
-        if self.state["step"] == 4:
-            raise KeyboardInterrupt("killed")
-        return real_step(self)
-
-    monkeypatch.setattr(Trainer, "_one_step", killed_at_step_five)
-    with pytest.raises(KeyboardInterrupt):
-        run_training(config, output, show_progress=False)
-    monkeypatch.setattr(Trainer, "_one_step", real_step)
+    killed_at_step_five(monkeypatch, config, output)
     saved = (output / "config.yaml").read_text()
 
     faster = make_config(collection, tiny_model, optim={"learning_rate": 5e-3})
