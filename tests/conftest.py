@@ -42,6 +42,24 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_bert(tmp_path_factory.mktemp("tiny-bert") / "model")
 
 
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A small training collection (`training_fixtures`) and its training examples."""
+    from .training_fixtures import write_training_collection
+
+    return write_training_collection(tmp_path_factory.mktemp("train") / "data")
+
+
+@pytest.fixture(scope="module")
+def still_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT without dropout, for comparisons that must not depend on random masks."""
+    path = tiny_bert(tmp_path_factory.mktemp("still") / "model")
+    config = json.loads((path / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_st_model(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
     """The tiny BERT as a sentence-transformers folder: mean pooling, normalised, 48 tokens, prompts."""

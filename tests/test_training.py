@@ -34,23 +34,7 @@ from densekit.training.grad_cache import split_inputs
 from densekit.training.sampling import global_batch_rows
 from densekit.training.trainer import Trainer
 
-from .conftest import tiny_bert
 from .training_fixtures import write_training_collection
-
-
-@pytest.fixture(scope="module")
-def collection(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return write_training_collection(tmp_path_factory.mktemp("train") / "data")
-
-
-@pytest.fixture(scope="module")
-def still_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny BERT without dropout, for comparisons that must not depend on random masks."""
-    path = tiny_bert(tmp_path_factory.mktemp("still") / "model")
-    config = json.loads((path / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (path / "config.json").write_text(json.dumps(config))
-    return path
 
 
 def make_config(collection: tuple[Path, Path], model_path: Path, **sections) -> TrainConfig:

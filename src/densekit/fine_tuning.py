@@ -12,9 +12,11 @@ from densekit.data.dataset import Dataset
 from densekit.data.examples import check_example_ids, read_examples
 from densekit.diagnostics import Diagnostics
 from densekit.models.encoder import DenseEncoder
+from densekit.models.modules.module import is_module_folder
 from densekit.retrieval.in_memory import evaluate_encoder
 from densekit.training.config import TrainConfig
 from densekit.training.contrastive import ContrastiveTask
+from densekit.training.modules import prepare_module
 from densekit.training.run import start_run
 from densekit.training.trainer import EvaluationHook, Trainer
 
@@ -45,10 +47,17 @@ def run_training(
     check_example_ids(Path(config.data.train), examples, texts, diagnostics)
     evaluation_split = dataset.split_queries(config.eval.split) if config.eval.split is not None else None
 
+    if config.modules is None and is_module_folder(config.model.path):
+        raise ValueError(
+            f"model.path {config.model.path} is a module folder: set the modules section to train that "
+            "module, or start from its base to fine-tune the whole model"
+        )
     device, config_yaml, resumed = start_run(config, output, RUN_KIND, resume, overwrite)
     overrides = config.model.model_dump(exclude={"path", "trust_remote_code"})
     encoder = DenseEncoder.load(config.model.path, config.model.trust_remote_code, **overrides).to(device)
     task = ContrastiveTask(encoder, examples, texts, config)
+    if config.modules is not None:
+        prepare_module(encoder, config.modules, task)
 
     evaluation = None
     if evaluation_split is not None:

@@ -10,7 +10,14 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from transformers.utils import logging as transformers_logging
 
-from densekit.cli import data_commands, quickstart_command, recipe_command, retrieval_commands, train_commands
+from densekit.cli import (
+    data_commands,
+    module_commands,
+    quickstart_command,
+    recipe_command,
+    retrieval_commands,
+    train_commands,
+)
 from densekit.diagnostics import DataError
 from densekit.progress import stderr_console
 
@@ -43,6 +50,7 @@ retrieval_commands.register(app)
 quickstart_command.register(app)
 train_commands.register(app)
 recipe_command.register(app)
+module_commands.register(app)
 
 
 def main() -> None:

@@ -46,6 +46,12 @@ OverwriteOpt = Annotated[
         "--overwrite", help="Replace an output folder densekit made for another run (never anything else)."
     ),
 ]
+ModuleOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--module", help="A module folder to put on the model (docs/modules.md); MODEL must be its base."
+    ),
+]
 RemoteCodeOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Run code shipped with the model (off unless asked).")
 ]
@@ -61,13 +67,15 @@ def load_encoder(
     query_prefix: str | None,
     passage_prefix: str | None,
     trust_remote_code: bool,
+    module: Path | None = None,
 ) -> DenseEncoder:
-    """Load `model` with the command line's overrides and move it to `device`."""
+    """Load `model` (with `module` on it) with the command line's overrides and move it to `device`."""
     from densekit.encoding.device import resolve_device
 
     encoder = DenseEncoder.load(
         model,
         trust_remote_code=trust_remote_code,
+        module=module,
         pooling=pooling,
         normalize=normalize,
         query_max_length=query_max_length,

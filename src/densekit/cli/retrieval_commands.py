@@ -15,6 +15,7 @@ from densekit.cli.options import (
     DepthOpt,
     DeviceOpt,
     ModelArg,
+    ModuleOpt,
     NormalizeOpt,
     OverwriteOpt,
     PassageLengthOpt,
@@ -101,6 +102,7 @@ def encode(
     passage_max_length: PassageLengthOpt = None,
     query_prefix: QueryPrefixOpt = None,
     passage_prefix: PassagePrefixOpt = None,
+    module: ModuleOpt = None,
     trust_remote_code: RemoteCodeOpt = False,
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
@@ -119,7 +121,7 @@ def encode(
         raise ValueError("--maxp-stride needs --maxp")
     encoder = load_encoder(
         model, device, pooling, normalize, query_max_length, passage_max_length,
-        query_prefix, passage_prefix, trust_remote_code,
+        query_prefix, passage_prefix, trust_remote_code, module,
     )  # fmt: skip
     meta = encode_corpus(
         encoder,
@@ -205,6 +207,7 @@ def search(
     passage_max_length: PassageLengthOpt = None,
     query_prefix: QueryPrefixOpt = None,
     passage_prefix: PassagePrefixOpt = None,
+    module: ModuleOpt = None,
     trust_remote_code: RemoteCodeOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
@@ -212,12 +215,12 @@ def search(
     from densekit.index import SearchIndex
     from densekit.retrieval.dense import dense_search
 
-    check_file_output(output, RUN_KIND, [index_dir, data_dir, model])
+    check_file_output(output, RUN_KIND, [index_dir, data_dir, model, *([module] if module else [])])
     dataset = Dataset.open(data_dir)
     queries, _ = dataset.split_queries(split)
     encoder = load_encoder(
         model, device, pooling, normalize, query_max_length, passage_max_length,
-        query_prefix, passage_prefix, trust_remote_code,
+        query_prefix, passage_prefix, trust_remote_code, module,
     )  # fmt: skip
     searcher = SearchIndex.load(index_dir, gpu=gpu_index)
     try:
@@ -234,7 +237,7 @@ def search(
         show_progress=progress,  # type: ignore[arg-type]
         dataset=dataset,
     )
-    write_run(output, run, tag="densekit", inputs=[index_dir, data_dir, model])
+    write_run(output, run, tag="densekit", inputs=[index_dir, data_dir, model, *([module] if module else [])])
     log.info("wrote %s (%d queries)", output, len(queries))
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from densekit.cli.options import BatchOpt, DataDirArg, DeviceOpt, OverwriteOpt, ProgressOpt
+from densekit.cli.options import BatchOpt, DataDirArg, DeviceOpt, ModuleOpt, OverwriteOpt, ProgressOpt
 
 ResumeOpt = Annotated[
     bool,
@@ -64,6 +64,7 @@ def mine(
         str, typer.Option(help="bm25, dense (needs --model), or none (judged positives only).")
     ] = "bm25",
     model: Annotated[str | None, typer.Option(help="Model for dense mining (folder or hub id).")] = None,
+    module: ModuleOpt = None,
     index: Annotated[
         Path | None,
         typer.Option(
@@ -111,7 +112,11 @@ def mine(
     )  # fmt: skip
     if source == "dense" and model is None:
         raise ValueError("--source dense needs --model")
-    encoder = DenseEncoder.load(model).to(resolve_device(device)) if source == "dense" else None
+    if module is not None and model is None:
+        raise ValueError("--module needs --model, its base")
+    encoder = (
+        DenseEncoder.load(model, module=module).to(resolve_device(device)) if source == "dense" else None
+    )
     report = run_mine(
         Dataset.open(data_dir),
         split,

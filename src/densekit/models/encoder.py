@@ -12,9 +12,10 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 
 from densekit.io.artefact import artefact_dir
 from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
-from densekit.models.fingerprint import weights_fingerprint
+from densekit.models.fingerprint import tensors_fingerprint, weights_fingerprint
 from densekit.models.hub import locate_model
 from densekit.models.loading import load_pretrained
+from densekit.models.modules.module import EncoderModule, ModuleError, is_module_folder, read_module_file
 from densekit.models.pooling import pool, without_prompt
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
 
@@ -40,6 +41,9 @@ class DenseEncoder(torch.nn.Module):
 
     With `config.tied` both towers are one backbone. Load any Hugging Face encoder folder, a
     sentence-transformers folder, a saved densekit model or a hub id with `DenseEncoder.load`.
+
+    Modules (`densekit.models.modules`) sit on the frozen backbones, any number at once, by name; the
+    active one (or none: the base alone) encodes. Saving with a module active saves the module.
     """
 
     def __init__(
@@ -58,13 +62,38 @@ class DenseEncoder(torch.nn.Module):
         self.tokenizer = tokenizer
         self.config = config
         self.source = source
+        self.attached = torch.nn.ModuleDict()
+        self.active: str | None = None
         self._prompt_lengths: dict[str, int] = {}
 
     @classmethod
     def load(
-        cls, name_or_path: str | Path, trust_remote_code: bool = False, **overrides: Any
+        cls,
+        name_or_path: str | Path,
+        trust_remote_code: bool = False,
+        module: str | Path | None = None,
+        **overrides: Any,
     ) -> DenseEncoder:
-        """Load an encoder; keyword overrides (pooling=..., normalize=...) replace the saved settings."""
+        """Load an encoder; keyword overrides (pooling=..., normalize=...) replace the saved settings.
+
+        `name_or_path` may be a module folder, which loads the base it names with the module active;
+        `module` puts a module folder on the model named and activates it."""
+        if is_module_folder(name_or_path):
+            if module is not None:
+                raise ValueError(f"{name_or_path} is a module folder already; give its base with --module")
+            module, name_or_path = name_or_path, read_module_file(name_or_path)["base"]["source"]
+        if module is not None:
+            settings = read_module_file(module)["settings"]
+            overrides = {**settings, **{k: v for k, v in overrides.items() if v is not None}}
+        encoder = cls._load_base(name_or_path, trust_remote_code, overrides)
+        if module is not None:
+            encoder.load_module(module)
+        return encoder
+
+    @classmethod
+    def _load_base(
+        cls, name_or_path: str | Path, trust_remote_code: bool, overrides: dict[str, Any]
+    ) -> DenseEncoder:
         path = locate_model(name_or_path)
         local = Path(path)
         fields: dict[str, Any] = {}
@@ -84,13 +113,62 @@ class DenseEncoder(torch.nn.Module):
         tokenizer = AutoTokenizer.from_pretrained(backbone_path, trust_remote_code=trust_remote_code)
         return cls(backbone, tokenizer, config, passage, source=str(name_or_path))
 
-    def fingerprint(self) -> str:
-        """A digest of the weights (both towers) and the tokenizer, as they are now."""
+    def base_fingerprint(self) -> str:
+        """A digest of the base weights (both towers) and the tokenizer, as they are now."""
         return weights_fingerprint([self.query_backbone, self.passage_backbone], self.tokenizer)
 
+    def fingerprint(self) -> str:
+        """A digest of what encodes: the base, and the active module's weights when one is."""
+        base = self.base_fingerprint()
+        if self.active is None:
+            return base
+        return tensors_fingerprint({}, f"{base}|{self.attached[self.active].fingerprint()}")
+
     def identity(self) -> dict[str, Any]:
-        """What an artefact made with this encoder records of it: weights and every setting."""
-        return {"weights": self.fingerprint(), "settings": self.config.model_dump()}
+        """What an artefact made with this encoder records of it: weights, every setting, the module."""
+        identity = {"weights": self.fingerprint(), "settings": self.config.model_dump()}
+        if self.active is not None:
+            identity["module"] = self.active
+        return identity
+
+    def new_module(
+        self, spec: Any, sparse_indices: dict[str, dict[str, torch.Tensor]] | None = None
+    ) -> EncoderModule:
+        """Put a fresh module of `spec` on the backbones (frozen from now on) and activate it."""
+        source = Path(self.source)
+        base = {
+            "source": str(source.resolve()) if source.exists() else self.source,
+            "fingerprint": self.base_fingerprint(),
+        }
+        module = EncoderModule.build(self.query_backbone, self.passage_backbone, spec, base, sparse_indices)
+        self.attach(module.to(self.device))
+        return module
+
+    def load_module(self, folder: str | Path) -> EncoderModule:
+        """Put the module saved in `folder` on the backbones and activate it; refused when it was
+        trained on other base weights."""
+        module = EncoderModule.load(
+            folder, self.query_backbone, self.passage_backbone, self.base_fingerprint()
+        )
+        self.attach(module.to(self.device))
+        return module
+
+    def attach(self, module: EncoderModule) -> None:
+        """Hold `module` under its name (replacing one of that name) and activate it."""
+        self.attached[module.name] = module
+        self.active = module.name
+
+    def activate(self, name: str | None) -> None:
+        """Encode with the module called `name`, or with the base alone (None)."""
+        if name is not None and name not in self.attached:
+            held = ", ".join(self.attached) or "none"
+            raise KeyError(f"no module called {name!r} on this encoder (it holds: {held})")
+        self.active = name
+
+    @property
+    def module(self) -> EncoderModule | None:
+        """The active module, if any."""
+        return None if self.active is None else self.attached[self.active]
 
     @property
     def dimension(self) -> int:
@@ -149,7 +227,12 @@ class DenseEncoder(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind) -> torch.Tensor:
         """Vectors for a padded batch of `kind` texts."""
-        hidden = self.backbone(kind)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        module = self.module
+        if module is None:
+            hidden = self.backbone(kind)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        else:
+            tower = module.query_tower if kind == "query" else module.passage_tower
+            hidden = tower(input_ids, attention_mask)
         pooled_mask = attention_mask
         if not self.config.include_prompt and self.config.pooling != "cls" and self.config.prefix(kind):
             pooled_mask = without_prompt(attention_mask, self.prompt_length(kind))
@@ -159,9 +242,19 @@ class DenseEncoder(torch.nn.Module):
         return vectors
 
     def save(self, path: str | Path) -> None:
-        """Save atomically: safetensors, `densekit.json`, and sentence-transformers files when tied.
+        """Save atomically: safetensors, `densekit.json`, and sentence-transformers files when tied; with a
+        module active, the module's folder (which names this base) instead.
 
-        `path` must be new, empty or a model folder densekit saved (which is replaced)."""
+        `path` must be new, empty or a folder of the same kind densekit saved (which is replaced)."""
+        module = self.module
+        if module is not None:
+            if module.base["fingerprint"] != self.base_fingerprint():
+                raise ModuleError(
+                    f"the base weights changed while module {module.name!r} was on them; a module folder "
+                    "names the base it was made on, so it is not saved"
+                )
+            module.save(path, self.config.model_dump())
+            return
         with artefact_dir(path, MODEL_KIND, self.identity(), {"source": self.source}) as tmp:
             if self.config.tied:
                 self.query_backbone.save_pretrained(tmp, safe_serialization=True)

@@ -18,14 +18,25 @@ def weights_fingerprint(modules: list[torch.nn.Module], tokenizer: PreTrainedTok
         if id(module) in seen:
             continue
         seen.add(id(module))
-        for name, tensor in module.state_dict().items():
-            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-            digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}\n".encode())
-            digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+        _add_tensors(digest, module.state_dict())
     if tokenizer is not None:
         digest.update(_tokenizer_rules(tokenizer).encode())
         digest.update(f"|{tokenizer.padding_side}|{tokenizer.pad_token_id}".encode())
     return f"sha256:{digest.hexdigest()}"
+
+
+def tensors_fingerprint(tensors: dict[str, torch.Tensor], settings: str) -> str:
+    """SHA-256 over named tensors (name, dtype, shape, bytes) and a settings text."""
+    digest = hashlib.sha256(settings.encode())
+    _add_tensors(digest, tensors)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _add_tensors(digest: hashlib._Hash, tensors: dict[str, torch.Tensor]) -> None:
+    for name, tensor in tensors.items():
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
 
 
 def _tokenizer_rules(tokenizer: PreTrainedTokenizerBase) -> str:

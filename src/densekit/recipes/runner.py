@@ -228,7 +228,10 @@ def run_recipe(
             timings[name] = finished["seconds"]  # type: ignore[index]
             continue
         began = _read_marker(started)
-        start_over = finished is not None or upstream_ran or (began is not None and not _same(began, record))
+        # a step that never ran here has nothing to start over; one that did is redone when its
+        # parameters changed, or when a step before it ran again (its inputs may differ)
+        ran_before = finished is not None or began is not None
+        start_over = ran_before and (finished is not None or upstream_ran or not _same(began, record))
         if start_over:
             log.info("step %s: its parameters or inputs changed; starting it over", name)
         done.unlink(missing_ok=True)

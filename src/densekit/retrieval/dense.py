@@ -31,6 +31,13 @@ def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset
         return
     made = index.identity["embeddings"]
     if made["model"]["weights"] != encoder.fingerprint():
+        made_with, used = made["model"].get("module"), encoder.active
+        if made_with != used:
+            raise ValueError(
+                f"{index.folder} was built with {_module_words(made_with)}, and this encoder has "
+                f"{_module_words(used)}; search with the module that made it (--module), or encode and "
+                "index the corpus again"
+            )
         raise ValueError(
             f"{index.folder} was built from the embeddings of other model weights than {encoder.source}'s; "
             "search it with the model that made it, or encode and index the corpus again"
@@ -48,6 +55,10 @@ def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset
             f"{index.folder} was built from another corpus than {dataset.corpus_path} (its bytes differ); "
             "index this corpus, or search the collection the index was made from"
         )
+
+
+def _module_words(name: str | None) -> str:
+    return "the base model alone (no module)" if name is None else f"module {name!r}"
 
 
 def dense_search(

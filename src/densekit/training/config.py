@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from densekit.encoding.passages import MaxPSettings
 from densekit.mining.filters import MiningSettings
 from densekit.models.config import Pooling
+from densekit.models.modules.specs import ModuleSpec
 from densekit.training.groups import Shortfall
 
 NORMALIZED_TEMPERATURE = 0.05
@@ -49,13 +50,6 @@ class DataSection(Section):
 class LossSection(Section):
     """InfoNCE over in-batch and hard negatives."""
 
-    def temperature_for(self, normalized: bool) -> float:
-        """The temperature a run uses: the one set, or the default for (un)normalised embeddings."""
-        if self.temperature is not None:
-            return self.temperature
-        return NORMALIZED_TEMPERATURE if normalized else INNER_PRODUCT_TEMPERATURE
-
-
     temperature: float | None = Field(
         None,
         gt=0,
@@ -67,6 +61,12 @@ class LossSection(Section):
         True,
         description="leave a query's other known positives (and copies of its positive) out of its negatives",
     )
+
+    def temperature_for(self, normalized: bool) -> float:
+        """The temperature a run uses: the one set, or the default for (un)normalised embeddings."""
+        if self.temperature is not None:
+            return self.temperature
+        return NORMALIZED_TEMPERATURE if normalized else INNER_PRODUCT_TEMPERATURE
 
 
 class OptimSection(Section):
@@ -166,6 +166,9 @@ class TrainConfig(RunConfig):
     loss: LossSection = LossSection()
     eval: EvalSection = EvalSection()
     ance: AnceSection = AnceSection()
+    modules: ModuleSpec | None = Field(
+        None, description="train this module on the frozen model instead of the whole model (docs/modules.md)"
+    )
 
     def input_paths(self) -> dict[str, str]:
         """The starting model, the collection and the training examples."""

@@ -1,0 +1,27 @@
+"""Folding a LoRA or IA3 module into a full model that any transformers or sentence-transformers user
+loads, without densekit or peft."""
+
+from __future__ import annotations
+
+from densekit.models.encoder import DenseEncoder
+from densekit.models.modules.peft_kinds import merged_backbone
+from densekit.models.modules.specs import MERGEABLE_TYPES
+
+
+def merged_encoder(encoder: DenseEncoder) -> DenseEncoder:
+    """A standalone encoder whose weights are the base's with the active module folded in; `encoder`
+    and its base are left as they are."""
+    module = encoder.module
+    if module is None:
+        raise ValueError("no module is active: there is nothing to merge")
+    if module.spec.type not in MERGEABLE_TYPES:
+        raise ValueError(
+            f"module {module.name!r} is {module.spec.type}; only {' and '.join(MERGEABLE_TYPES)} fold into "
+            "the weights (the others add layers or inputs the base model does not have)"
+        )
+    query = merged_backbone(module.query_tower)
+    if module.query_tower is module.passage_tower:
+        return DenseEncoder(query, encoder.tokenizer, encoder.config.model_copy(), source=encoder.source)
+    passage = merged_backbone(module.passage_tower)
+    config = encoder.config.model_copy(update={"tied": False})
+    return DenseEncoder(query, encoder.tokenizer, config, passage, source=encoder.source)

@@ -1,0 +1,177 @@
+"""A module on an encoder: one tower for queries and passages, or one each, and its folder.
+
+A module folder holds `densekit-module.json` (the spec, the encoder settings it was trained with, and
+the base: where it came from and the fingerprint of its weights), the module's weights (for LoRA, IA3,
+prefix and prompt tuning in peft's own layout, `PeftModel.from_pretrained` reads it) and densekit's
+artefact manifest. It loads only onto the base it names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+from pydantic import TypeAdapter
+from transformers import PreTrainedModel
+
+from densekit.io.artefact import artefact_dir, verify
+from densekit.models.fingerprint import tensors_fingerprint
+from densekit.models.modules.own_kinds import own_tower
+from densekit.models.modules.peft_kinds import load_peft, peft_tower, save_peft
+from densekit.models.modules.specs import PEFT_TYPES, ModuleSpec, SparseDiffSpec
+from densekit.models.modules.tower import Tower
+
+MODULE_FILE = "densekit-module.json"
+MODULE_KIND = "module"
+OWN_WEIGHTS = "module.safetensors"
+SPEC = TypeAdapter(ModuleSpec)
+
+
+class ModuleError(ValueError):
+    """A module that does not fit the encoder it is put on."""
+
+
+def is_module_folder(path: str | Path) -> bool:
+    """Whether `path` is a folder holding a saved module."""
+    return (Path(path) / MODULE_FILE).is_file()
+
+
+def read_module_file(folder: str | Path) -> dict[str, Any]:
+    """The description a module folder holds of itself."""
+    return json.loads((Path(folder) / MODULE_FILE).read_text(encoding="utf-8"))
+
+
+def _build_tower(base: PreTrainedModel, spec: Any, sparse_indices: dict[str, torch.Tensor] | None) -> Tower:
+    if spec.type in PEFT_TYPES:
+        return peft_tower(base, spec)
+    return own_tower(base, spec, sparse_indices)
+
+
+class EncoderModule(torch.nn.Module):
+    """A named module of an encoder: the towers that encode queries and passages with it."""
+
+    def __init__(self, spec: Any, query_tower: Tower, passage_tower: Tower, base: dict[str, str]):
+        super().__init__()
+        self.spec = spec
+        self.query_tower = query_tower
+        self.passage_tower = passage_tower
+        self.base = base  # {"source": where the base was loaded from, "fingerprint": its weights'}
+
+    @property
+    def name(self) -> str:
+        """The name the encoder activates it by."""
+        return self.spec.name
+
+    @classmethod
+    def build(
+        cls,
+        query_base: PreTrainedModel,
+        passage_base: PreTrainedModel,
+        spec: Any,
+        base: dict[str, str],
+        sparse_indices: dict[str, dict[str, torch.Tensor]] | None = None,
+    ) -> EncoderModule:
+        """A fresh module of `spec` on the encoder's backbones (the same one when tied); a sparse
+        difference takes its positions per tower ("query", "passage")."""
+        indices = sparse_indices or {}
+        if spec.towers == "shared":
+            if query_base is not passage_base:
+                raise ModuleError(
+                    f"module {spec.name!r}: towers 'shared' needs a tied encoder; this one has two towers "
+                    "(use towers: separate)"
+                )
+            tower = _build_tower(query_base, spec, indices.get("query"))
+            return cls(spec, tower, tower, base)
+        query = _build_tower(query_base, spec, indices.get("query"))
+        passage = _build_tower(passage_base, spec, indices.get("passage"))
+        return cls(spec, query, passage, base)
+
+    def towers(self) -> dict[str, Tower]:
+        """Its towers by the folder they save in: "." when shared, else "query" and "passage"."""
+        if self.query_tower is self.passage_tower:
+            return {".": self.query_tower}
+        return {"query": self.query_tower, "passage": self.passage_tower}
+
+    def fingerprint(self) -> str:
+        """A digest of the spec and the module's own tensors, as they are now."""
+        state = {
+            f"{place}/{name}": tensor
+            for place, tower in self.towers().items()
+            for name, tensor in tower.own_state().items()
+        }
+        return tensors_fingerprint(state, self.spec.model_dump_json())
+
+    def parameter_count(self) -> int:
+        """Trainable values the module adds."""
+        return sum(p.numel() for tower in self.towers().values() for p in tower.own_parameters().values())
+
+    def save(self, folder: str | Path, settings: dict[str, Any]) -> None:
+        """Write the module folder atomically; `settings` are the encoder settings it was trained with."""
+        identity = {"base": self.base["fingerprint"], "module": self.fingerprint(), "settings": settings}
+        with artefact_dir(folder, MODULE_KIND, identity, {"base": self.base["source"]}) as tmp:
+            for place, tower in self.towers().items():
+                target = tmp / place
+                target.mkdir(exist_ok=True)
+                if self.spec.type in PEFT_TYPES:
+                    save_peft(tower, target, self.base["source"])
+                else:
+                    state = {name: t.detach().contiguous() for name, t in tower.own_state().items()}
+                    safetensors.torch.save_file(state, str(target / OWN_WEIGHTS))
+            description = {"spec": self.spec.model_dump(), "settings": settings, "base": self.base}
+            (tmp / MODULE_FILE).write_text(json.dumps(description, indent=2), encoding="utf-8")
+
+    @classmethod
+    def load(
+        cls, folder: str | Path, query_base: PreTrainedModel, passage_base: PreTrainedModel, fingerprint: str
+    ) -> EncoderModule:
+        """The module saved in `folder`, on these backbones; refused when their weights (`fingerprint`)
+        are not those it was trained on, or when its files were changed since."""
+        folder = Path(folder)
+        verify(folder)
+        description = read_module_file(folder)
+        spec = SPEC.validate_python(description["spec"])
+        base = description["base"]
+        if base["fingerprint"] != fingerprint:
+            raise ModuleError(
+                f"{folder}: module {spec.name!r} was trained on another base ({base['source']}, weights "
+                f"{base['fingerprint'][:19]}...), not on this model (weights {fingerprint[:19]}...)"
+            )
+        places = ["."] if spec.towers == "shared" else ["query", "passage"]
+        indices = None
+        if isinstance(spec, SparseDiffSpec):
+            indices = {
+                ("query" if place == "." else place): _saved_indices(folder / place / OWN_WEIGHTS)
+                for place in places
+            }
+        module = cls.build(query_base, passage_base, spec, base, indices)
+        for place, tower in module.towers().items():
+            if spec.type in PEFT_TYPES:
+                load_peft(tower, folder / place)
+            else:
+                _load_own(tower, folder / place / OWN_WEIGHTS)
+        return module
+
+
+def _saved_indices(path: Path) -> dict[str, torch.Tensor]:
+    """A saved sparse difference's positions by layer name."""
+    marker = ".parametrizations.weight.0.indices"
+    state = safetensors.torch.load_file(str(path))
+    return {key[len("model.") : -len(marker)]: t for key, t in state.items() if key.endswith(marker)}
+
+
+def _load_own(tower: Tower, path: Path) -> None:
+    state = safetensors.torch.load_file(str(path))
+    expected = tower.own_state()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    wrong_shape = [key for key in set(expected) & set(state) if expected[key].shape != state[key].shape]
+    if missing or unexpected or wrong_shape:
+        raise ModuleError(
+            f"{path}: does not fit the module its config describes (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}, of another shape {sorted(wrong_shape)[:3]})"
+        )
+    with torch.no_grad():
+        for name, tensor in expected.items():
+            tensor.copy_(state[name])

@@ -1,0 +1,145 @@
+"""Bottleneck adapters, BitFit and sparse differences, which peft does not provide, built on a tower.
+
+Each adds to the frozen base: adapters through forward hooks on the tower's own copies of the
+feed-forward layers, BitFit and sparse differences as a parametrisation `base + delta` of the copies'
+biases or weights, the delta zero at the start. The base's tensors are never written.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch.nn.utils import parametrize
+from transformers import PreTrainedModel
+
+from densekit.models.modules.specs import AdapterSpec, BitFitSpec, SparseDiffSpec
+from densekit.models.modules.tower import Tower, freeze, shared_copy
+
+OwnSpec = AdapterSpec | BitFitSpec | SparseDiffSpec
+
+
+class Bottleneck(torch.nn.Module):
+    """up(relu(down(x))) times `scaling`, with the up-projection zero so it adds nothing at the start."""
+
+    def __init__(self, inputs: int, outputs: int, size: int, scaling: float):
+        super().__init__()
+        self.down = torch.nn.Linear(inputs, size)
+        self.up = torch.nn.Linear(size, outputs)
+        torch.nn.init.zeros_(self.up.weight)
+        torch.nn.init.zeros_(self.up.bias)
+        self.scaling = scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The adapter's addition for `x`."""
+        return self.scaling * self.up(torch.relu(self.down(x)))
+
+
+class AddDelta(torch.nn.Module):
+    """A parametrisation: the base tensor plus a learned change of its shape."""
+
+    def __init__(self, shape: torch.Size, dtype: torch.dtype):
+        super().__init__()
+        self.delta = torch.nn.Parameter(torch.zeros(shape, dtype=dtype))
+
+    def forward(self, original: torch.Tensor) -> torch.Tensor:
+        """The changed tensor."""
+        return original + self.delta
+
+
+class AddSparseDelta(torch.nn.Module):
+    """A parametrisation: the base tensor plus learned values at fixed flat positions."""
+
+    def __init__(self, indices: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("indices", indices.to(torch.long))
+        self.values = torch.nn.Parameter(torch.zeros(len(indices), dtype=dtype))
+
+    def forward(self, original: torch.Tensor) -> torch.Tensor:
+        """The changed tensor."""
+        return original.flatten().index_add(0, self.indices, self.values).view_as(original)
+
+
+def matching(model: torch.nn.Module, pattern: str) -> list[tuple[str, torch.nn.Module]]:
+    """The submodules whose full name matches `pattern`, in the model's order."""
+    return [(name, module) for name, module in model.named_modules() if name and re.fullmatch(pattern, name)]
+
+
+def own_tower(
+    base: PreTrainedModel, spec: OwnSpec, sparse_indices: dict[str, torch.Tensor] | None = None
+) -> Tower:
+    """A tower of `base` with a fresh module of `spec`; a sparse difference needs its chosen positions
+    (`choose_sparse_indices`, or those saved with it). The base's tensors are frozen."""
+    freeze(base)
+    model = shared_copy(base)
+    parts = torch.nn.ModuleDict()
+    if isinstance(spec, AdapterSpec):
+        _add_adapters(model, spec, parts)
+    elif isinstance(spec, BitFitSpec):
+        for _, module in model.named_modules():
+            bias = getattr(module, "bias", None)
+            if isinstance(bias, torch.nn.Parameter):
+                parametrize.register_parametrization(module, "bias", AddDelta(bias.shape, bias.dtype))
+    else:
+        if sparse_indices is None:
+            raise ValueError("a sparse difference needs the positions it changes")
+        targets = dict(matching(model, spec.target_modules))
+        unknown = sorted(set(sparse_indices) - set(targets))
+        if unknown:
+            raise ValueError(f"sparse difference for layers the model lacks: {', '.join(unknown[:3])}")
+        for name, indices in sparse_indices.items():
+            weight = targets[name].weight
+            parametrize.register_parametrization(
+                targets[name], "weight", AddSparseDelta(indices, weight.dtype)
+            )
+    return Tower(model, base, parts)
+
+
+def _add_adapters(model: torch.nn.Module, spec: AdapterSpec, parts: torch.nn.ModuleDict) -> None:
+    outputs = matching(model, spec.ffn_output)
+    if not outputs:
+        raise ValueError(f"no layer of the model matches ffn_output {spec.ffn_output!r}")
+    if spec.placement == "sequential":
+        for i, (_, layer) in enumerate(outputs):
+            adapter = Bottleneck(layer.out_features, layer.out_features, spec.bottleneck, spec.scaling)
+            parts[f"adapter_{i}"] = adapter
+            layer.register_forward_hook(lambda _m, _i, out, a=adapter: out + a(out))
+        return
+    inputs = matching(model, spec.ffn_input)
+    if len(inputs) != len(outputs):
+        raise ValueError(
+            f"ffn_input {spec.ffn_input!r} matches {len(inputs)} layers, ffn_output {len(outputs)}"
+        )
+    for i, ((_, first), (_, last)) in enumerate(zip(inputs, outputs, strict=True)):
+        adapter = Bottleneck(_in_features(first), last.out_features, spec.bottleneck, spec.scaling)
+        parts[f"adapter_{i}"] = adapter
+        seen: dict[str, torch.Tensor] = {}
+        first.register_forward_pre_hook(lambda _m, args, seen=seen: seen.update(x=args[0]))
+        last.register_forward_hook(lambda _m, _i, out, a=adapter, seen=seen: out + a(seen.pop("x")))
+
+
+def _in_features(module: torch.nn.Module) -> int:
+    linear = (
+        module
+        if isinstance(module, torch.nn.Linear)
+        else next(m for m in module.modules() if isinstance(m, torch.nn.Linear))
+    )
+    return linear.in_features
+
+
+def sparse_targets(base: PreTrainedModel, spec: SparseDiffSpec) -> dict[str, torch.nn.Parameter]:
+    """The weight matrices of `base` a sparse difference may change, by layer name."""
+    targets = {name: module.weight for name, module in matching(base, spec.target_modules)}
+    if not targets:
+        raise ValueError(f"no layer of the model matches target_modules {spec.target_modules!r}")
+    return targets
+
+
+def choose_sparse_indices(scores: dict[str, torch.Tensor], density: float) -> dict[str, torch.Tensor]:
+    """For each weight matrix, the flat positions of its `density` share of largest scores (summed
+    gradient magnitudes), at least one, in increasing order."""
+    chosen = {}
+    for name, score in scores.items():
+        count = max(1, round(density * score.numel()))
+        chosen[name] = torch.topk(score.flatten(), count).indices.sort().values.cpu()
+    return chosen

@@ -1,0 +1,78 @@
+"""LoRA, IA3, prefix and prompt tuning, built by peft on a tower; saved in peft's own layout."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import peft
+import safetensors.torch
+import torch
+from transformers import PreTrainedModel
+
+from densekit.models.modules.specs import Ia3Spec, LoraSpec, PrefixSpec, PromptSpec
+from densekit.models.modules.tower import Tower, freeze, shared_copy
+
+PeftSpec = LoraSpec | Ia3Spec | PrefixSpec | PromptSpec
+WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def peft_config(spec: PeftSpec) -> peft.PeftConfig:
+    """peft's configuration for `spec`, for a model that returns token states."""
+    task = peft.TaskType.FEATURE_EXTRACTION
+    if isinstance(spec, LoraSpec):
+        return peft.LoraConfig(
+            r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+            target_modules=spec.target_modules, task_type=task,
+        )  # fmt: skip
+    if isinstance(spec, Ia3Spec):
+        return peft.IA3Config(
+            target_modules=spec.target_modules, feedforward_modules=spec.feedforward_modules, task_type=task
+        )
+    if isinstance(spec, PrefixSpec):
+        return peft.PrefixTuningConfig(
+            num_virtual_tokens=spec.virtual_tokens, prefix_projection=spec.projection, task_type=task
+        )
+    return peft.PromptTuningConfig(num_virtual_tokens=spec.virtual_tokens, task_type=task)
+
+
+def peft_tower(base: PreTrainedModel, spec: PeftSpec) -> Tower:
+    """A tower of `base` carrying a fresh peft module; the base's tensors are frozen."""
+    freeze(base)
+    with warnings.catch_warnings():
+        # peft warns of settings that matter for its causal-LM and seq2seq tasks only
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(shared_copy(base), peft_config(spec))
+    virtual = spec.virtual_tokens if isinstance(spec, PromptSpec) else 0
+    return Tower(model, base, virtual_tokens=virtual)
+
+
+def save_peft(tower: Tower, folder: Path, base_source: str) -> None:
+    """Write `tower`'s module as peft does (`adapter_config.json`, `adapter_model.safetensors`), so
+    `PeftModel.from_pretrained(base, folder)` loads it too."""
+    model = tower.model
+    model.peft_config["default"].base_model_name_or_path = base_source
+    # the embedding layers never change here; "auto" would look the base up on the hub to check
+    model.save_pretrained(str(folder), safe_serialization=True, save_embedding_layers=False)
+
+
+def load_peft(tower: Tower, folder: Path) -> None:
+    """Set `tower`'s peft module to the weights saved in `folder`; every tensor must match."""
+    device = next(tower.parameters()).device
+    state = safetensors.torch.load_file(str(folder / WEIGHTS_FILE), device=str(device))
+    expected = peft.get_peft_model_state_dict(tower.model)
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    wrong_shape = [key for key in set(expected) & set(state) if expected[key].shape != state[key].shape]
+    if missing or unexpected or wrong_shape:
+        raise ValueError(
+            f"{folder / WEIGHTS_FILE}: does not fit the module its config describes (missing "
+            f"{missing[:3]}, unexpected {unexpected[:3]}, of another shape {sorted(wrong_shape)[:3]})"
+        )
+    peft.set_peft_model_state_dict(tower.model, state)
+
+
+def merged_backbone(tower: Tower) -> torch.nn.Module:
+    """A standalone backbone with the tower's LoRA or IA3 folded into its weights (the tower and its
+    base are left as they are)."""
+    return copy.deepcopy(tower.model).merge_and_unload()

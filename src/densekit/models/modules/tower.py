@@ -1,0 +1,61 @@
+"""A tower: a copy of a base backbone that shares every base tensor, with one module's parts added.
+
+Copying the module tree but not its tensors lets one loaded base carry any number of modules at once,
+each changing only its own copy's layers; switching modules is choosing a tower, and the base itself is
+never modified (its tensors are frozen and stay bit-identical).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import torch
+from transformers import PreTrainedModel
+
+
+def shared_copy(backbone: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `backbone`'s modules whose parameters and buffers are the very tensors of `backbone`."""
+    memo = {id(t): t for t in itertools.chain(backbone.parameters(), backbone.buffers())}
+    return copy.deepcopy(backbone, memo)
+
+
+def freeze(backbone: torch.nn.Module) -> None:
+    """Stop gradients to every tensor of `backbone`."""
+    for parameter in backbone.parameters():
+        parameter.requires_grad_(False)
+
+
+class Tower(torch.nn.Module):
+    """A backbone with one module's parts: `model` runs it, `parts` holds densekit's own parameters.
+
+    `virtual_tokens` states are dropped from the front of the output (prompt tuning's learned inputs),
+    so the output lines up with the attention mask of the text.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        base: PreTrainedModel,
+        parts: torch.nn.Module | None = None,
+        virtual_tokens: int = 0,
+    ):
+        super().__init__()
+        self.model = model
+        self.parts = parts if parts is not None else torch.nn.Module()
+        self.virtual_tokens = virtual_tokens
+        self._base_ids = {id(t) for t in itertools.chain(base.parameters(), base.buffers())}
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Token states of a padded batch."""
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return hidden[:, self.virtual_tokens :]
+
+    def own_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """The module's parameters by name: every one the base does not hold."""
+        return {name: p for name, p in self.named_parameters() if id(p) not in self._base_ids}
+
+    def own_state(self) -> dict[str, torch.Tensor]:
+        """The module's parameters and buffers (a sparse difference's positions) by name."""
+        buffers = {name: b for name, b in self.named_buffers() if id(b) not in self._base_ids}
+        return {**self.own_parameters(), **buffers}

@@ -1,0 +1,82 @@
+"""Training a module instead of the whole encoder: the `modules:` section of a training config."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from densekit.models.encoder import DenseEncoder
+from densekit.models.modules.module import EncoderModule
+from densekit.models.modules.own_kinds import choose_sparse_indices, sparse_targets
+from densekit.models.modules.specs import SparseDiffSpec
+from densekit.training import distributed
+
+log = logging.getLogger("densekit")
+
+
+def prepare_module(encoder: DenseEncoder, spec: Any, task: Any) -> EncoderModule:
+    """Put the module `spec` describes on `encoder`, active and the only thing that trains, and say how
+    much trains. A module loaded with the model (a module folder as `model.path`) continues training
+    when it is the one `spec` describes; a sparse difference chooses its positions from the gradients
+    of the first `selection_batches` batches of `task`."""
+    loaded = encoder.module
+    if loaded is not None:
+        if loaded.spec != spec:
+            raise ValueError(
+                f"model.path holds module {loaded.name!r} ({loaded.spec.type}), which the modules section "
+                f"does not describe: set modules to its settings to continue training it, or start from "
+                f"its base ({loaded.base['source']})"
+            )
+        module = loaded
+    else:
+        indices = _choose_sparse_positions(encoder, spec, task) if isinstance(spec, SparseDiffSpec) else None
+        module = encoder.new_module(spec, indices)
+    trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
+    backbones = {*encoder.query_backbone.parameters(), *encoder.passage_backbone.parameters()}
+    base = sum(p.numel() for p in backbones)
+    log.info(
+        "module %r (%s): trainable %s parameters, %.2f%% of the frozen base's %s",
+        module.name, spec.type, f"{trainable:,}", 100 * trainable / base, f"{base:,}",
+    )  # fmt: skip
+    return module
+
+
+def _choose_sparse_positions(
+    encoder: DenseEncoder, spec: SparseDiffSpec, task: Any
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Sum each target weight's gradient magnitudes over the first batches (without dropout, so a
+    resumed run chooses the same), averaged over processes, and keep the largest `density` share; a
+    tied encoder's towers get the same positions."""
+    backbones = {"query": encoder.query_backbone}
+    if spec.towers == "separate" and not encoder.config.tied:
+        backbones["passage"] = encoder.passage_backbone
+    targets = {kind: sparse_targets(backbone, spec) for kind, backbone in backbones.items()}
+    weights = [weight for by_name in targets.values() for weight in by_name.values()]
+    for parameter in encoder.parameters():
+        parameter.requires_grad_(False)
+    for weight in weights:
+        weight.requires_grad_(True)
+    scores = {id(weight): torch.zeros_like(weight) for weight in weights}
+    encoder.eval()
+    per_epoch = task.steps_per_epoch()
+    for step in range(spec.selection_batches):
+        task.forward_backward(task.batch(step // per_epoch, step % per_epoch))
+        for weight in weights:
+            if weight.grad is not None:  # a layer the loss does not reach (BERT's pooler) scores 0
+                scores[id(weight)] += weight.grad.abs()
+            weight.grad = None
+    for weight in weights:
+        weight.grad = scores[id(weight)]
+    distributed.average_gradients(weights)  # averages the scores, held as gradients, in place
+    for weight in weights:
+        weight.grad = None
+        weight.requires_grad_(False)
+    chosen = {
+        kind: choose_sparse_indices({name: scores[id(w)] for name, w in by_name.items()}, spec.density)
+        for kind, by_name in targets.items()
+    }
+    if spec.towers == "separate":
+        chosen.setdefault("passage", chosen["query"])
+    return chosen

@@ -1,0 +1,377 @@
+"""Modules on a frozen base: each kind against the base, saved against live, merged against unmerged,
+trained against the whole model's trainer guarantees (GradCache, two processes, resume)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+import torch.multiprocessing as mp
+from pydantic import TypeAdapter
+
+from densekit.encoding.embed import embed_texts
+from densekit.fine_tuning import run_training
+from densekit.models import DenseEncoder
+from densekit.models.modules.merge import merged_encoder
+from densekit.models.modules.module import ModuleError
+from densekit.models.modules.own_kinds import choose_sparse_indices, sparse_targets
+from densekit.models.modules.specs import ModuleSpec
+
+from .conftest import tiny_bert
+from .test_training import (
+    _free_port,
+    gradients,
+    killed_at_step_five,
+    make_config,
+    make_task,
+    max_difference,
+)
+
+TEXTS = ["question about cats and kittens", "bread flour and an oven", "a text about trains"]
+SPEC = TypeAdapter(ModuleSpec)
+# every kind, and the variants with their own code paths
+KINDS = {
+    "lora": {"type": "lora", "rank": 4},
+    "ia3": {"type": "ia3"},
+    "prefix": {"type": "prefix", "virtual_tokens": 3},
+    "prompt": {"type": "prompt", "virtual_tokens": 3},
+    "adapter": {"type": "adapter", "bottleneck": 8},
+    "parallel-adapter": {"type": "adapter", "placement": "parallel", "bottleneck": 8},
+    "bitfit": {"type": "bitfit"},
+    "sparse-diff": {"type": "sparse_diff", "density": 0.05},
+    "separate-lora": {"type": "lora", "rank": 4, "towers": "separate"},
+}
+# kinds whose added output is zero until trained (prefix and prompt tuning add inputs instead)
+ZERO_AT_START = ["lora", "ia3", "adapter", "parallel-adapter", "bitfit", "sparse-diff", "separate-lora"]
+
+
+def spec_of(kind: str, name: str | None = None):
+    return SPEC.validate_python({**KINDS[kind], "name": name or kind})
+
+
+def embeddings(encoder: DenseEncoder, kind: str = "passage") -> np.ndarray:
+    return embed_texts(encoder, TEXTS, kind, batch_size=2)
+
+
+def put_module(encoder: DenseEncoder, kind: str, name: str | None = None, seed: int = 0):
+    """A module of `kind` on `encoder` (its random start drawn from `seed`), its parameters moved away
+    from their start."""
+    torch.manual_seed(seed)
+    spec = spec_of(kind, name)
+    indices = None
+    if spec.type == "sparse_diff":
+        generator = torch.Generator().manual_seed(seed)
+        scores = {
+            n: torch.rand(w.shape, generator=generator)
+            for n, w in sparse_targets(encoder.query_backbone, spec).items()
+        }
+        indices = {"query": choose_sparse_indices(scores, spec.density)}
+    module = encoder.new_module(spec, indices)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for tower in module.towers().values():
+            for parameter in tower.own_parameters().values():
+                parameter.add_(0.2 * torch.randn(parameter.shape, generator=generator))
+    return module
+
+
+@pytest.fixture
+def encoder(tiny_model: Path) -> DenseEncoder:
+    return DenseEncoder.load(tiny_model, pooling="mean", normalize=True).eval()
+
+
+@pytest.mark.parametrize("kind", ZERO_AT_START)
+def test_a_module_with_zero_output_gives_exactly_the_bases_embeddings(encoder: DenseEncoder, kind: str):
+    base = embeddings(encoder)
+    spec = spec_of(kind)
+    indices = None
+    if spec.type == "sparse_diff":
+        targets = sparse_targets(encoder.query_backbone, spec)
+        indices = {"query": choose_sparse_indices({n: w.abs() for n, w in targets.items()}, spec.density)}
+    encoder.new_module(spec, indices)
+    assert np.array_equal(embeddings(encoder), base)
+    assert np.array_equal(embeddings(encoder, "query"), embeddings_without_module(encoder, "query"))
+
+
+def embeddings_without_module(encoder: DenseEncoder, kind: str) -> np.ndarray:
+    active = encoder.active
+    encoder.activate(None)
+    try:
+        return embeddings(encoder, kind)
+    finally:
+        encoder.activate(active)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_save_then_load_gives_the_same_embeddings_and_the_base_stays_bit_identical(
+    encoder: DenseEncoder, kind: str, tmp_path: Path
+):
+    base_state = {k: v.clone() for k, v in encoder.query_backbone.state_dict().items()}
+    base = embeddings(encoder)
+    module = put_module(encoder, kind)
+    shared = {id(p) for p in encoder.query_backbone.parameters()}
+    assert all(shared <= {id(p) for p in tower.parameters()} for tower in module.towers().values())
+    live = embeddings(encoder)
+    assert np.abs(live - base).max() > 1e-3  # the module changes the embeddings
+    encoder.save(tmp_path / "module")
+    loaded = DenseEncoder.load(tmp_path / "module").eval()
+    assert loaded.active == kind
+    assert np.array_equal(embeddings(loaded), live)
+    assert np.array_equal(embeddings(loaded, "query"), embeddings(encoder, "query"))
+    size = sum(p.stat().st_size for p in (tmp_path / "module").rglob("*") if p.is_file())
+    assert size < 200_000  # the module alone, not the base (about 300 kB here)
+    state = encoder.query_backbone.state_dict()
+    assert all(torch.equal(state[k], base_state[k]) for k in base_state)
+    encoder.activate(None)
+    assert np.array_equal(embeddings(encoder), base)
+
+
+def test_one_base_holds_several_modules_and_switches_between_them(encoder: DenseEncoder, tmp_path: Path):
+    base = embeddings(encoder)
+    put_module(encoder, "lora", "first", seed=1)
+    encoder.save(tmp_path / "first")
+    put_module(encoder, "adapter", "second", seed=2)
+    encoder.save(tmp_path / "second")
+    assert list(encoder.attached) == ["first", "second"] and encoder.active == "second"
+    for name in ["first", "second", "first"]:
+        encoder.activate(name)
+        alone = DenseEncoder.load(tmp_path / name).eval()
+        assert np.array_equal(embeddings(encoder), embeddings(alone))
+    encoder.activate(None)
+    assert np.array_equal(embeddings(encoder), base)
+    with pytest.raises(KeyError, match="holds: first, second"):
+        encoder.activate("third")
+
+
+def test_a_module_on_another_base_is_refused(encoder: DenseEncoder, tmp_path: Path):
+    put_module(encoder, "lora")
+    encoder.save(tmp_path / "module")
+    other = tiny_bert(tmp_path / "other", seed=1)
+    with pytest.raises(ModuleError, match="trained on another base"):
+        DenseEncoder.load(other, module=tmp_path / "module")
+    # the same base, named by its folder, takes it
+    same = DenseEncoder.load(encoder.source, module=tmp_path / "module").eval()
+    assert np.array_equal(embeddings(same), embeddings(encoder))
+    with torch.no_grad():  # a base that moved under its module (a bug, or a user's edit) is not saved
+        encoder.query_backbone.embeddings.word_embeddings.weight[0, 0] += 1
+    with pytest.raises(ModuleError, match="base weights changed"):
+        encoder.save(tmp_path / "moved")
+
+
+def test_a_module_whose_files_changed_is_refused(encoder: DenseEncoder, tmp_path: Path):
+    put_module(encoder, "adapter")
+    encoder.save(tmp_path / "module")
+    weights = tmp_path / "module" / "module.safetensors"
+    state = safetensors.torch.load_file(str(weights))
+    state = {k: v + 1 for k, v in state.items()}
+    safetensors.torch.save_file(state, str(weights))
+    with pytest.raises(ValueError, match=r"module\.safetensors"):
+        DenseEncoder.load(tmp_path / "module")
+
+
+def test_merged_lora_and_ia3_equal_the_unmerged_module(encoder: DenseEncoder, tmp_path: Path):
+    from sentence_transformers import SentenceTransformer
+
+    for kind in ["lora", "ia3", "separate-lora"]:
+        put_module(encoder, kind)
+        live = embeddings(encoder)
+        merged = merged_encoder(encoder)
+        assert np.abs(embeddings(merged.eval()) - live).max() < 1e-5
+        assert np.abs(embeddings(merged, "query") - embeddings(encoder, "query")).max() < 1e-5
+    encoder.activate("lora")
+    encoder.save(tmp_path / "module")
+    subprocess.run(
+        [sys.executable, "-m", "densekit", "modules", "merge", tmp_path / "module", "-o", tmp_path / "full"],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    theirs = SentenceTransformer(str(tmp_path / "full"), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    assert np.abs(theirs - embeddings(encoder)).max() < 1e-5
+    encoder.activate("adapter") if "adapter" in encoder.attached else put_module(encoder, "adapter")
+    with pytest.raises(ValueError, match=r"only lora and ia3 fold"):
+        merged_encoder(encoder)
+
+
+@pytest.mark.parametrize("kind", ["lora", "ia3", "prefix", "prompt"])
+def test_peft_itself_loads_a_peft_kind_module_folder_to_the_same_states(
+    encoder: DenseEncoder, kind: str, tmp_path: Path
+):
+    from peft import PeftModel
+    from transformers import AutoModel
+
+    put_module(encoder, kind)
+    encoder.save(tmp_path / "module")
+    model = PeftModel.from_pretrained(AutoModel.from_pretrained(encoder.source), str(tmp_path / "module"))
+    model.eval()
+    batch = encoder.pad(encoder.tokenize(TEXTS, "passage"))
+    with torch.no_grad():
+        theirs = model(**batch).last_hidden_state
+        ours = encoder.module.passage_tower(batch["input_ids"], batch["attention_mask"])
+    virtual = KINDS[kind].get("virtual_tokens", 0) if kind == "prompt" else 0
+    assert torch.allclose(theirs[:, virtual:], ours, atol=1e-6)
+
+
+def module_config(collection, model: Path, kind: str, **sections):
+    return make_config(collection, model, modules=dict(KINDS[kind]), **sections)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_training_changes_only_the_module(collection, tiny_model: Path, tmp_path: Path, kind: str, caplog):
+    config = module_config(collection, tiny_model, kind, optim={"max_steps": 3, "learning_rate": 1e-2})
+    with caplog.at_level(logging.INFO, logger="densekit"):
+        run_training(config, tmp_path / "run", show_progress=False)
+    assert any(re.search(r"trainable [\d,]+ parameters, \d+\.\d\d% of the frozen base's [\d,]+", r.message)
+               for r in caplog.records)  # fmt: skip
+    trained = DenseEncoder.load(tmp_path / "run" / "model").eval()
+    assert trained.active == "module"
+    base = DenseEncoder.load(tiny_model, pooling="mean").eval()
+    assert trained.base_fingerprint() == base.base_fingerprint()  # the base did not move
+    assert np.abs(embeddings(trained) - embeddings(base)).max() > 1e-4  # the module did
+    start = safetensors.torch.load_file(str(tiny_model / "model.safetensors"))
+    assert all(torch.equal(v, start[k]) for k, v in base.query_backbone.state_dict().items() if k in start)
+
+
+def test_grad_cache_with_a_module_equals_the_full_batch(collection, still_model: Path):
+    plain = make_task(module_config(collection, still_model, "lora", optim={"batch_size": 8}))
+    cached = make_task(
+        module_config(collection, still_model, "lora", optim={"batch_size": 8},
+                      grad_cache={"enabled": True, "chunk_size": 3})
+    )  # fmt: skip
+    for task in (plain, cached):
+        put_module(task.encoder, "lora", "module")
+    plain_loss = plain.forward_backward(plain.batch(0, 0))["loss"]
+    cached_loss = cached.forward_backward(cached.batch(0, 0))["loss"]
+    assert abs(plain_loss - cached_loss) < 1e-10
+    plain_grads, cached_grads = gradients(plain.encoder), gradients(cached.encoder)
+    assert plain_grads and all("lora_" in name for name in plain_grads)  # only the module gets gradients
+    assert max_difference(plain_grads, cached_grads) < 1e-10
+
+
+def _module_step_worker(rank: int, world: int, port: int, config_json: str, output: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from densekit.training import distributed
+    from densekit.training.config import TrainConfig
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        task = make_task(TrainConfig.model_validate_json(config_json))
+        put_module(task.encoder, "lora", "module")
+        result = task.forward_backward(task.batch(0, 0))
+        distributed.average_gradients([p for p in task.encoder.parameters() if p.requires_grad])
+        if rank == 0:
+            safetensors.torch.save_file(gradients(task.encoder), output)
+            Path(output + ".json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_train_a_module_like_one(collection, still_model: Path, tmp_path: Path):
+    config = module_config(collection, still_model, "lora", optim={"batch_size": 8})
+    single = make_task(config)
+    put_module(single.encoder, "lora", "module")
+    single_loss = single.forward_backward(single.batch(0, 0))["loss"]
+    mp.spawn(
+        _module_step_worker,
+        args=(2, _free_port(), config.model_dump_json(), str(tmp_path / "g")),
+        nprocs=2,
+        join=True,
+    )
+    two = safetensors.torch.load_file(str(tmp_path / "g"))
+    assert abs(json.loads((tmp_path / "g.json").read_text())["loss"] - single_loss) < 1e-10
+    assert max_difference(two, gradients(single.encoder)) < 1e-10
+
+
+@pytest.mark.parametrize("kind", ["lora", "sparse-diff"])
+def test_a_killed_module_run_resumes_to_the_same_module(
+    collection, tiny_model: Path, tmp_path: Path, monkeypatch, kind: str
+):
+    config = module_config(collection, tiny_model, kind, optim={"learning_rate": 1e-2})
+    run_training(config, tmp_path / "straight", show_progress=False)
+    killed_at_step_five(monkeypatch, config, tmp_path / "resumed")
+    run_training(config, tmp_path / "resumed", resume=True, show_progress=False)
+    straight = DenseEncoder.load(tmp_path / "straight" / "model")
+    resumed = DenseEncoder.load(tmp_path / "resumed" / "model")
+    assert straight.fingerprint() == resumed.fingerprint()
+    assert (
+        straight.module.fingerprint()
+        != DenseEncoder.load(
+            tmp_path / "straight" / "checkpoints" / "step-00000003" / "model"
+        ).module.fingerprint()
+    )
+
+
+def test_a_module_folder_continues_training_only_as_the_same_module(
+    collection, tiny_model: Path, tmp_path: Path
+):
+    first = module_config(collection, tiny_model, "lora", optim={"max_steps": 2})
+    run_training(first, tmp_path / "round1", show_progress=False)
+    second = module_config(collection, tmp_path / "round1" / "model", "lora", optim={"max_steps": 2})
+    run_training(second, tmp_path / "round2", show_progress=False)
+    round1 = DenseEncoder.load(tmp_path / "round1" / "model")
+    round2 = DenseEncoder.load(tmp_path / "round2" / "model")
+    assert round1.base_fingerprint() == round2.base_fingerprint()
+    assert round1.module.fingerprint() != round2.module.fingerprint()
+    other = module_config(collection, tmp_path / "round1" / "model", "adapter", optim={"max_steps": 2})
+    with pytest.raises(ValueError, match="does not describe"):
+        run_training(other, tmp_path / "round2b", show_progress=False)
+    whole = make_config(collection, tmp_path / "round1" / "model", optim={"max_steps": 2})
+    with pytest.raises(ValueError, match="is a module folder"):
+        run_training(whole, tmp_path / "round2c", show_progress=False)
+    assert not (tmp_path / "round2c").exists()
+
+
+def test_an_index_made_with_a_module_is_searched_only_with_that_module(
+    beir_dir: Path, encoder: DenseEncoder, tmp_path: Path
+):
+    from densekit.data import Dataset
+    from densekit.encoding.corpus import encode_corpus
+    from densekit.encoding.store import EmbeddingStore
+    from densekit.index import SearchIndex, build_index
+    from densekit.index.spec import IndexSpec
+    from densekit.retrieval.dense import dense_search
+
+    put_module(encoder, "lora", "second", seed=2)
+    put_module(encoder, "lora", "first", seed=1)
+    encoder.save(tmp_path / "first")
+    encode_corpus(encoder, Dataset.open(beir_dir), tmp_path / "emb", show_progress=False)
+    build_index(EmbeddingStore.open(tmp_path / "emb"), IndexSpec(), tmp_path / "index", show_progress=False)
+    made = json.loads((tmp_path / "emb" / "densekit-artefact.json").read_text())
+    assert made["identity"]["model"]["module"] == "first"
+    index = SearchIndex.load(tmp_path / "index")
+    queries = Dataset.open(beir_dir).split_queries("test")[0]
+    assert dense_search(encoder, index, queries, 3, show_progress=False)
+    encoder.activate("second")
+    with pytest.raises(ValueError, match="built with module 'first', and this encoder has module 'second'"):
+        dense_search(encoder, index, queries, 3, show_progress=False)
+
+    def search(output: str, *module: str) -> subprocess.CompletedProcess:
+        command = [
+            "search",
+            encoder.source,
+            tmp_path / "index",
+            beir_dir,
+            "--split",
+            "test",
+            "-o",
+            tmp_path / output,
+        ]
+        return subprocess.run(
+            [sys.executable, "-m", "densekit", *map(str, command), *module], capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+
+    assert search("run.trec", "--module", str(tmp_path / "first")).returncode == 0
+    alone = search("alone.trec")
+    assert alone.returncode == 2 and not (tmp_path / "alone.trec").exists()
+    assert "built with module 'first', and this encoder has the base model alone" in alone.stderr
