@@ -224,7 +224,9 @@ def module_config(collection, model: Path, kind: str, **sections):
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_training_changes_only_the_module(collection, tiny_model: Path, tmp_path: Path, kind: str, caplog):
-    config = module_config(collection, tiny_model, kind, optim={"max_steps": 3, "learning_rate": 1e-2})
+    config = module_config(
+        collection, tiny_model, kind, optim={"max_steps": 3, "learning_rate": 1e-2}, checkpoint={"every": 10}
+    )
     with caplog.at_level(logging.INFO, logger="densekit"):
         run_training(config, tmp_path / "run", show_progress=False)
     assert any(re.search(r"trainable [\d,]+ parameters, \d+\.\d\d% of the frozen base's [\d,]+", r.message)
