@@ -80,7 +80,10 @@ class DenseEncoder(torch.nn.Module):
         `module` puts a module folder on the model named and activates it."""
         if is_module_folder(name_or_path):
             if module is not None:
-                raise ValueError(f"{name_or_path} is a module folder already; give its base with --module")
+                raise ValueError(
+                    f"{name_or_path} is a module folder: give it alone, or its base as the model and the "
+                    "module with --module"
+                )
             module, name_or_path = name_or_path, read_module_file(name_or_path)["base"]["source"]
         if module is not None:
             settings = read_module_file(module)["settings"]
