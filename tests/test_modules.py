@@ -28,6 +28,7 @@ from densekit.models.modules.specs import ModuleSpec
 from .conftest import tiny_bert
 from .test_training import (
     _free_port,
+    _one_step_worker,
     gradients,
     killed_at_step_five,
     make_config,
@@ -256,36 +257,18 @@ def test_grad_cache_with_a_module_equals_the_full_batch(collection, still_model:
     assert max_difference(plain_grads, cached_grads) < 1e-10
 
 
-def _module_step_worker(rank: int, world: int, port: int, config_json: str, output: str) -> None:
-    import os
-
-    import torch.distributed as dist
-
-    from densekit.training import distributed
-    from densekit.training.config import TrainConfig
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        task = make_task(TrainConfig.model_validate_json(config_json))
-        put_module(task.encoder, "lora", "module")
-        result = task.forward_backward(task.batch(0, 0))
-        distributed.average_gradients([p for p in task.encoder.parameters() if p.requires_grad])
-        if rank == 0:
-            safetensors.torch.save_file(gradients(task.encoder), output)
-            Path(output + ".json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
+def _lora_module(encoder: DenseEncoder) -> None:
+    put_module(encoder, "lora", "module")
 
 
 def test_two_processes_train_a_module_like_one(collection, still_model: Path, tmp_path: Path):
     config = module_config(collection, still_model, "lora", optim={"batch_size": 8})
     single = make_task(config)
-    put_module(single.encoder, "lora", "module")
+    _lora_module(single.encoder)
     single_loss = single.forward_backward(single.batch(0, 0))["loss"]
     mp.spawn(
-        _module_step_worker,
-        args=(2, _free_port(), config.model_dump_json(), str(tmp_path / "g")),
+        _one_step_worker,
+        args=(2, _free_port(), config.model_dump_json(), str(tmp_path / "g"), _lora_module),
         nprocs=2,
         join=True,
     )

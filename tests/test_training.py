@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -121,12 +122,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _one_step_worker(rank: int, world: int, port: int, config_json: str, output: str) -> None:
+def _one_step_worker(
+    rank: int, world: int, port: int, config_json: str, output: str, prepare: Callable | None = None
+) -> None:
+    """One step on process `rank` of `world`; `prepare(encoder)` (a module-level function, as spawn
+    pickles it) changes the encoder first. Process 0 saves the averaged gradients and the loss."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         config = TrainConfig.model_validate_json(config_json)
         task = make_task(config)
+        if prepare is not None:
+            prepare(task.encoder)
         result = task.forward_backward(task.batch(0, 0))
         distributed.average_gradients(list(task.encoder.parameters()))
         if rank == 0:

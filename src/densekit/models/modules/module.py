@@ -22,7 +22,7 @@ from densekit.models.fingerprint import tensors_fingerprint
 from densekit.models.modules.own_kinds import own_tower
 from densekit.models.modules.peft_kinds import load_peft, peft_tower, save_peft
 from densekit.models.modules.specs import PEFT_TYPES, ModuleSpec, SparseDiffSpec
-from densekit.models.modules.tower import Tower
+from densekit.models.modules.tower import Tower, state_mismatch
 
 MODULE_FILE = "densekit-module.json"
 MODULE_KIND = "module"
@@ -104,10 +104,6 @@ class EncoderModule(torch.nn.Module):
         }
         return tensors_fingerprint(state, self.spec.model_dump_json())
 
-    def parameter_count(self) -> int:
-        """Trainable values the module adds."""
-        return sum(p.numel() for tower in self.towers().values() for p in tower.own_parameters().values())
-
     def save(self, folder: str | Path, settings: dict[str, Any]) -> None:
         """Write the module folder atomically; `settings` are the encoder settings it was trained with."""
         identity = {"base": self.base["fingerprint"], "module": self.fingerprint(), "settings": settings}
@@ -165,13 +161,9 @@ def _saved_indices(path: Path) -> dict[str, torch.Tensor]:
 def _load_own(tower: Tower, path: Path) -> None:
     state = safetensors.torch.load_file(str(path))
     expected = tower.own_state()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    wrong_shape = [key for key in set(expected) & set(state) if expected[key].shape != state[key].shape]
-    if missing or unexpected or wrong_shape:
-        raise ModuleError(
-            f"{path}: does not fit the module its config describes (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}, of another shape {sorted(wrong_shape)[:3]})"
-        )
+    problem = state_mismatch(expected, state)
+    if problem:
+        raise ModuleError(f"{path}: does not fit the module its config describes ({problem})")
     with torch.no_grad():
         for name, tensor in expected.items():
             tensor.copy_(state[name])

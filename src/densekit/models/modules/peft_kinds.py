@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from densekit.models.modules.specs import Ia3Spec, LoraSpec, PrefixSpec, PromptSpec
-from densekit.models.modules.tower import Tower, freeze, shared_copy
+from densekit.models.modules.tower import Tower, freeze, shared_copy, state_mismatch
 
 PeftSpec = LoraSpec | Ia3Spec | PrefixSpec | PromptSpec
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -61,14 +61,9 @@ def load_peft(tower: Tower, folder: Path) -> None:
     """Set `tower`'s peft module to the weights saved in `folder`; every tensor must match."""
     device = next(tower.parameters()).device
     state = safetensors.torch.load_file(str(folder / WEIGHTS_FILE), device=str(device))
-    expected = peft.get_peft_model_state_dict(tower.model)
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    wrong_shape = [key for key in set(expected) & set(state) if expected[key].shape != state[key].shape]
-    if missing or unexpected or wrong_shape:
-        raise ValueError(
-            f"{folder / WEIGHTS_FILE}: does not fit the module its config describes (missing "
-            f"{missing[:3]}, unexpected {unexpected[:3]}, of another shape {sorted(wrong_shape)[:3]})"
-        )
+    problem = state_mismatch(peft.get_peft_model_state_dict(tower.model), state)
+    if problem:
+        raise ValueError(f"{folder / WEIGHTS_FILE}: does not fit the module its config describes ({problem})")
     peft.set_peft_model_state_dict(tower.model, state)
 
 

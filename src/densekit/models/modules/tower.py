@@ -59,3 +59,13 @@ class Tower(torch.nn.Module):
         """The module's parameters and buffers (a sparse difference's positions) by name."""
         buffers = {name: b for name, b in self.named_buffers() if id(b) not in self._base_ids}
         return {**self.own_parameters(), **buffers}
+
+
+def state_mismatch(expected: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> str | None:
+    """What keeps `saved` tensors from filling `expected` ones: the names missing, unexpected or of
+    another shape (three of each at most); None when they fit."""
+    missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    reshaped = sorted(key for key in set(expected) & set(saved) if expected[key].shape != saved[key].shape)
+    if not (missing or unexpected or reshaped):
+        return None
+    return f"missing {missing[:3]}, unexpected {unexpected[:3]}, of another shape {reshaped[:3]}"
