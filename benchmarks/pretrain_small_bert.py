@@ -33,6 +33,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -41,9 +42,10 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
-from densekit.diagnostics import DataError
+from densekit.data.trec import read_run
+from densekit.diagnostics import DataError, Diagnostics
 from densekit.encoding.device import resolve_device
-from densekit.evaluation.significance import paired_test, per_query_ndcg
+from densekit.evaluation.significance import paired_test, per_query
 from densekit.io.atomic import write_text_atomic
 from densekit.models import DenseEncoder, resolve_model_path
 from densekit.pretraining.config import PretrainConfig
@@ -189,12 +191,14 @@ def compare_fine_tuned(rows: dict[str, dict], qrels) -> None:
     """Add to each fine-tuned row a paired test of its per-query nDCG@10 against MLM's and the random
     start's."""
     tuned = {
-        m: per_query_ndcg(qrels, Path(r["fine_tune"]["run"])) for m, r in rows.items() if "fine_tune" in r
+        m: per_query(qrels, read_run(Path(r["fine_tune"]["run"]), Diagnostics()), "nDCG@10")
+        for m, r in rows.items()
+        if "fine_tune" in r
     }
     for method, scores in tuned.items():
         for control in ("mlm", "none"):
             if control in tuned and control != method:
-                rows[method]["fine_tune"][f"against_{control}"] = paired_test(tuned[control], scores)
+                rows[method]["fine_tune"][f"against_{control}"] = asdict(paired_test(tuned[control], scores))
 
 
 def fine_tune_settings(args: argparse.Namespace) -> dict | None:

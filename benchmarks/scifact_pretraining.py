@@ -21,12 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data.dataset import Dataset
-from densekit.evaluation.significance import paired_test, per_query_ndcg
+from densekit.data.trec import read_run
+from densekit.diagnostics import Diagnostics
+from densekit.evaluation.significance import paired_test, per_query
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
 from densekit.recipes.runner import load_recipe, run_recipe
@@ -97,7 +100,7 @@ def recipe_scores(runs: Path, results: Path) -> dict:
         out = runs / f"scifact-{name}"
         metrics = run_recipe(Path(recipe), out, overrides)
         if name == "two-round-cls":
-            control = per_query_ndcg(qrels, control_run)
+            control = per_query(qrels, read_run(control_run, Diagnostics()), "nDCG@10")
         timings = json.loads((out / "timings.json").read_text())
         rows[name] = {
             "command": " ".join(["densekit run", recipe, "--out", str(out), *overrides]),
@@ -107,8 +110,11 @@ def recipe_scores(runs: Path, results: Path) -> dict:
             "total_seconds": round(sum(timings.values()), 1),
         }
         if (out / "pretrained").is_dir():
-            arm = per_query_ndcg(qrels, out / "test.trec")
-            rows[name]["against_cls_control"] = {"against": str(control_run), **paired_test(control, arm)}
+            arm = per_query(qrels, read_run(out / "test.trec", Diagnostics()), "nDCG@10")
+            rows[name]["against_cls_control"] = {
+                "against": str(control_run),
+                **asdict(paired_test(control, arm)),
+            }
             title = " ".join([f"pre-training in {recipe}", *overrides])
             rows[name]["pretraining"] = keep_log(
                 out / "pretrained", results / f"scifact_recipe_{name}", title

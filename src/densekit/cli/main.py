@@ -12,6 +12,7 @@ from transformers.utils import logging as transformers_logging
 
 from densekit.cli import (
     data_commands,
+    evaluation_commands,
     module_commands,
     quickstart_command,
     recipe_command,
@@ -51,6 +52,7 @@ quickstart_command.register(app)
 train_commands.register(app)
 recipe_command.register(app)
 module_commands.register(app)
+evaluation_commands.register(app)
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from densekit.data.lines import iter_lines
 from densekit.data.records import Qrels, Run, id_problem
@@ -163,11 +163,18 @@ def read_run(path: Path, diagnostics: Diagnostics) -> Run:
 RUN_KIND = "run"
 
 
-def write_run(path: Path, run: Run, tag: str = "densekit", inputs: Iterable[Path | str] = ()) -> None:
+def write_run(
+    path: Path,
+    run: Run,
+    tag: str = "densekit",
+    inputs: Iterable[Path | str] = (),
+    identity: dict[str, Any] | None = None,
+) -> None:
     """Write a run atomically in TREC's format, best first (ties keep their order), ranks from 1, as a
-    file output (see `densekit.io.outputs`: never over an input or a file densekit did not write). A
-    score that is NaN or infinite is an error: `read_run` could not rank it."""
-    with output_file(path, RUN_KIND, inputs=inputs) as handle:
+    file output (see `densekit.io.outputs`: never over an input or a file densekit did not write),
+    recording `identity` (what made it) when given. A score that is NaN or infinite is an error:
+    `read_run` could not rank it."""
+    with output_file(path, RUN_KIND, identity, inputs=inputs) as handle:
         for query_id, ranked in run.items():
             _check_id(query_id)
             ordered = sorted(ranked.items(), key=lambda pair: -pair[1])

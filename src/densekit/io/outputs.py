@@ -106,6 +106,13 @@ def write_output_text(
         handle.write(text)
 
 
+def is_current(path: Path | str, kind: str, identity: dict[str, Any]) -> bool:
+    """True when `path` is a `kind` file densekit wrote from this very `identity` and not changed since,
+    so a step may reuse it instead of making it again."""
+    manifest = read_file_manifest(path)
+    return manifest is not None and manifest.kind == kind and not differences(manifest.identity, identity)
+
+
 def claim_folder(
     path: Path | str,
     kind: str,

@@ -1,0 +1,234 @@
+"""Sub-commands that judge retrievers: benchmark, compare, fuse, diagnose-negatives."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from densekit.cli.options import (
+    BatchOpt,
+    DepthOpt,
+    DeviceOpt,
+    ModelArg,
+    ModuleOpt,
+    OverwriteOpt,
+    ProgressOpt,
+    SplitOpt,
+    load_encoder,
+)
+from densekit.data.trec import RUN_KIND, read_qrels, read_run, write_run
+from densekit.diagnostics import Diagnostics
+from densekit.evaluation.measures import SCORES_KIND, parse_measures
+from densekit.io.outputs import check_file_output, write_output_text
+
+log = logging.getLogger("densekit")
+console = Console(soft_wrap=True)
+MeasureOpt = Annotated[
+    list[str] | None, typer.Option("--measure", "-m", help="An ir_measures name, e.g. nDCG@10 (repeatable).")
+]
+PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write the plot (PNG) here.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON here.")]
+
+
+def _model_label(model: str, module: Path | None) -> str:
+    """A short name for a model in tables: its folder's name (its parent's when that is `model`)."""
+    path = Path(model)
+    name = path.parent.name if path.name == "model" and path.parent.name else path.name
+    return f"{name} + {module.name}" if module is not None else name
+
+
+def short_names(paths: list[Path]) -> list[str]:
+    """The shortest trailing parts of the paths that tell them apart (`bm25.trec`, `a/run.trec`...)."""
+    resolved = [p.resolve() for p in paths]
+    for depth in range(1, max(len(p.parts) for p in resolved) + 1):
+        names = [Path(*p.parts[-depth:]).as_posix() for p in resolved]
+        if len(set(names)) == len(names):
+            return names
+    return [p.as_posix() for p in resolved]
+
+
+def benchmark(
+    model: ModelArg,
+    data_dirs: Annotated[list[Path], typer.Argument(help="Collections (BEIR or MS MARCO-style folders).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The benchmark folder.")] = Path("benchmark"),
+    split: SplitOpt = "test",
+    measure: MeasureOpt = None,
+    name: Annotated[str | None, typer.Option("--name", help="The model's name in the table.")] = None,
+    k: DepthOpt = 1000,
+    batch_size: BatchOpt = 64,
+    device: DeviceOpt = "auto",
+    module: ModuleOpt = None,
+    overwrite: OverwriteOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """BM25 and MODEL on each collection's split: one table (results.md, results.json) with a row per
+    collection and the mean, and a bar chart (results.png).
+
+    Every stage (BM25 run, embeddings, index, dense run) is kept and reused while the model, its
+    settings and the collection are unchanged, so a killed benchmark resumes and a second one of the
+    same model encodes nothing.
+    """
+    from densekit.evaluation.benchmark import run_benchmark
+
+    measures = measure or ["nDCG@10", "R@100"]
+    parse_measures(measures)
+    encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
+    result = run_benchmark(
+        encoder, name or _model_label(model, module), data_dirs, output, split, measures, k, batch_size,
+        progress, overwrite,
+    )  # fmt: skip
+    table = Table("collection", "queries", *[f"{s} {m}" for m in result.measures for s in result.systems])
+    means = result.means()
+    for row in [*((c.name, str(c.queries), c.scores) for c in result.collections), ("mean", "", means)]:
+        table.add_row(
+            row[0], row[1], *[f"{row[2][s][m]:.4f}" for m in result.measures for s in result.systems]
+        )
+    console.print(table)
+    log.info("wrote %s (results.md, results.json, results.png)", output)
+
+
+def compare(
+    qrels: Annotated[Path, typer.Argument(help="Judgements: BEIR three-column TSV or TREC four-column.")],
+    runs: Annotated[
+        list[Path], typer.Argument(help="Two or more TREC runs; the others are tested against the first.")
+    ],
+    measure: MeasureOpt = None,
+    trials: Annotated[int, typer.Option(min=100, help="Sign flips of the randomisation test.")] = 100_000,
+    seed: Annotated[int, typer.Option(help="Seed of the randomisation test.")] = 0,
+    json_file: JsonOpt = None,
+    plot: PlotOpt = None,
+) -> None:
+    """Compare runs query by query: each run against the first, per measure, with a paired t-test and
+    a paired randomisation test (two-sided), Holm-corrected across the runs; wins, losses, and a plot of
+    the per-query differences (sorted bars)."""
+    from densekit.evaluation.compare import compare_runs, plot_differences
+
+    if len(runs) < 2:
+        raise ValueError("give at least two runs to compare")
+    inputs = [qrels, *runs]
+    for path, kind in ((json_file, SCORES_KIND), (plot, "plot")):
+        if path is not None:
+            check_file_output(path, kind, inputs)
+    measures = measure or ["nDCG@10"]
+    parse_measures(measures)
+    diagnostics = Diagnostics()
+    judgements = read_qrels(qrels, diagnostics)
+    if len({p.resolve() for p in runs}) != len(runs):
+        raise ValueError("a run is given twice")
+    names = short_names(runs)
+    loaded = {name: read_run(path, diagnostics) for name, path in zip(names, runs, strict=True)}
+    for name, run in loaded.items():
+        if not set(run) & set(judgements):
+            raise ValueError(f"{name} and {qrels} share no query ids")
+    comparisons = compare_runs(judgements, loaded, measures, trials, seed)
+    for comparison in comparisons:
+        table = Table(
+            "run", comparison.measure, "difference", "better", "worse", "p (t-test)", "p (randomisation)",
+            title=f"{comparison.measure} over {len(judgements)} judged queries; p Holm-corrected over "
+            f"{len(comparison.arms)} comparison(s) with the first run",
+        )  # fmt: skip
+        table.add_row(comparison.control, f"{comparison.control_mean:.4f}", "", "", "", "", "")
+        for arm in comparison.arms:
+            table.add_row(
+                arm.name, f"{arm.mean:.4f}", f"{arm.test.mean_difference:+.4f}", str(arm.test.better),
+                str(arm.test.worse), f"{arm.p_t_test_holm:.4g}", f"{arm.p_randomisation_holm:.4g}",
+            )  # fmt: skip
+        console.print(table)
+    if json_file is not None:
+        text = json.dumps([c.to_json() for c in comparisons], indent=2) + "\n"
+        write_output_text(json_file, SCORES_KIND, text, inputs=inputs)
+    if plot is not None:
+        plot_differences(comparisons, plot)
+        log.info("wrote %s", plot)
+
+
+def fuse(
+    runs: Annotated[list[Path], typer.Argument(help="Two or more TREC runs of the same queries.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The fused run.")],
+    method: Annotated[str, typer.Option("--method", help="rrf (reciprocal rank) or linear.")] = "rrf",
+    weights: Annotated[
+        str | None, typer.Option("--weights", help="One weight per run, comma-separated (default: all 1).")
+    ] = None,
+    k: Annotated[int, typer.Option("--k", min=0, help="RRF's rank constant.")] = 60,
+    normalisation: Annotated[
+        str, typer.Option("--normalisation", help="linear: minmax or zscore, per query and run.")
+    ] = "minmax",
+    depth: Annotated[int, typer.Option("--depth", min=1, help="Documents kept per query.")] = 1000,
+) -> None:
+    """Fuse runs into one: reciprocal rank fusion (sum of w/(k + rank)) or a weighted sum of scores
+    normalised per query (a document a run missed takes that run's lowest normalised score)."""
+    from densekit.evaluation.fusion import linear_fusion, reciprocal_rank_fusion
+
+    if method not in ("rrf", "linear"):
+        raise ValueError(f"--method {method}: use rrf or linear")
+    check_file_output(output, RUN_KIND, runs)
+    parsed = None
+    if weights is not None:
+        try:
+            parsed = [float(w) for w in weights.split(",")]
+        except ValueError:
+            raise ValueError(f"--weights {weights}: give numbers separated by commas, e.g. 0.3,0.7") from None
+    diagnostics = Diagnostics()
+    loaded = [read_run(path, diagnostics) for path in runs]
+    if method == "rrf":
+        fused = reciprocal_rank_fusion(loaded, k, parsed, depth)
+    else:
+        fused = linear_fusion(loaded, parsed, normalisation, depth)  # type: ignore[arg-type]
+    write_run(output, fused, tag=method, inputs=runs)
+    log.info("wrote %s (%d queries)", output, len(fused))
+
+
+def diagnose_negatives_command(
+    examples: Annotated[
+        list[Path], typer.Argument(help="Training examples files (JSONL); with several, one point each.")
+    ],
+    model: Annotated[str, typer.Argument(help="The model whose dense top k is the reference.")],
+    index_dir: Annotated[Path, typer.Argument(help="That model's index of the corpus.")],
+    depth: Annotated[int, typer.Option("--depth", min=1, help="The dense top k looked in.")] = 200,
+    batch_size: BatchOpt = 64,
+    device: DeviceOpt = "auto",
+    module: ModuleOpt = None,
+    json_file: JsonOpt = None,
+    plot: PlotOpt = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """ANCE's diagnostic: the share of training negatives the model itself ranks in its dense top k,
+    and their mean score margin below the positive, for each examples file (BM25, mined, ANCE
+    versions), with a plot across them."""
+    from densekit.index import SearchIndex
+    from densekit.mining.diagnose import diagnose_negatives, plot_negatives
+
+    inputs = [*examples, index_dir, model]
+    for path, kind in ((json_file, SCORES_KIND), (plot, "plot")):
+        if path is not None:
+            check_file_output(path, kind, inputs)
+    encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
+    searcher = SearchIndex.load(index_dir)
+    reports = [diagnose_negatives(path, encoder, searcher, depth, batch_size, progress) for path in examples]
+    table = Table("examples", "queries", "negatives", f"in dense top {depth}", "mean margin")
+    for report in reports:
+        table.add_row(
+            report.name, str(report.examples), str(report.negatives),
+            f"{report.in_top_k} ({100 * report.share_in_top_k:.1f}%)", f"{report.mean_margin:.4f}",
+        )  # fmt: skip
+    console.print(table)
+    if json_file is not None:
+        text = json.dumps([r.to_json() for r in reports], indent=2) + "\n"
+        write_output_text(json_file, SCORES_KIND, text, inputs=inputs)
+    if plot is not None:
+        plot_negatives(reports, plot)
+        log.info("wrote %s", plot)
+
+
+def register(app: typer.Typer) -> None:
+    """Add these sub-commands to `app`."""
+    app.command("benchmark")(benchmark)
+    app.command("compare")(compare)
+    app.command("fuse")(fuse)
+    app.command("diagnose-negatives")(diagnose_negatives_command)

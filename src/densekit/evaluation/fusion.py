@@ -1,0 +1,92 @@
+"""Fusing runs (a BM25 run with a dense one, say) into one: reciprocal rank fusion and score-normalised
+linear fusion. Written here because ranx, which has both, pulls numba in for a few lines of work."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from densekit.data.records import Run
+
+Normalisation = Literal["minmax", "zscore"]
+
+
+def _weights(runs: Sequence[Run], weights: Sequence[float] | None) -> list[float]:
+    if len(runs) < 2:
+        raise ValueError("fusion needs at least two runs")
+    if weights is None:
+        return [1.0] * len(runs)
+    if len(weights) != len(runs):
+        raise ValueError(f"{len(weights)} weights for {len(runs)} runs: give one weight per run")
+    if any(not np.isfinite(w) or w < 0 for w in weights):
+        raise ValueError(f"weights {list(weights)}: each must be a finite number, zero or more")
+    return list(weights)
+
+
+def _top(scores: dict[str, float], depth: int) -> dict[str, float]:
+    """The best `depth` documents; equal scores are ordered by document id, so fusion is deterministic."""
+    ordered = sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
+    return dict(ordered[:depth])
+
+
+def reciprocal_rank_fusion(
+    runs: Sequence[Run], k: int = 60, weights: Sequence[float] | None = None, depth: int = 1000
+) -> Run:
+    """Cormack et al.'s RRF: a document scores sum_i w_i / (k + rank_i), its rank (from 1) in each run
+    that retrieved it, ranks taken by score with ties in the run's order."""
+    if k < 0:
+        raise ValueError(f"k={k}: RRF's constant must be zero or more")
+    weights = _weights(runs, weights)
+    fused: Run = {}
+    for run, weight in zip(runs, weights, strict=True):
+        for query, ranked in run.items():
+            scores = fused.setdefault(query, {})
+            ordered = sorted(ranked, key=lambda doc: -ranked[doc])  # stable: ties keep the run's order
+            for rank, doc in enumerate(ordered, start=1):
+                scores[doc] = scores.get(doc, 0.0) + weight / (k + rank)
+    return {query: _top(scores, depth) for query, scores in fused.items()}
+
+
+def _normalised(ranked: dict[str, float], method: Normalisation) -> dict[str, float]:
+    values = np.array(list(ranked.values()), dtype=np.float64)
+    if method == "minmax":
+        spread = values.max() - values.min()
+        scaled = (values - values.min()) / spread if spread > 0 else np.ones_like(values)
+    else:
+        spread = values.std()
+        scaled = (values - values.mean()) / spread if spread > 0 else np.zeros_like(values)
+    return dict(zip(ranked, scaled.tolist(), strict=True))
+
+
+def linear_fusion(
+    runs: Sequence[Run],
+    weights: Sequence[float] | None = None,
+    normalisation: Normalisation = "minmax",
+    depth: int = 1000,
+) -> Run:
+    """A weighted sum of each run's scores after normalising them per query (min-max to [0, 1], or
+    z-scores). A document a run did not retrieve for a query takes that run's lowest normalised score
+    for the query (0 under min-max), as pyserini's hybrid search does; a query's scores that are all
+    equal normalise to 1 (min-max) or 0 (z-score)."""
+    if normalisation not in ("minmax", "zscore"):
+        raise ValueError(f"normalisation {normalisation!r}: use minmax or zscore")
+    weights = _weights(runs, weights)
+    queries = list(dict.fromkeys(query for run in runs for query in run))
+    fused: Run = {}
+    for query in queries:
+        per_run = [_normalised(run[query], normalisation) if run.get(query) else {} for run in runs]
+        documents = list(dict.fromkeys(doc for scores in per_run for doc in scores))
+        floors = [
+            min(scores.values(), default=0.0) if normalisation == "zscore" else 0.0 for scores in per_run
+        ]
+        fused[query] = _top(
+            {
+                doc: sum(w * scores.get(doc, floor)
+                         for w, scores, floor in zip(weights, per_run, floors, strict=True))
+                for doc in documents
+            },
+            depth,
+        )  # fmt: skip
+    return fused
