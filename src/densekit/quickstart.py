@@ -8,19 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from densekit.data.dataset import Dataset
-from densekit.data.trec import write_run
-from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.device import resolve_device
-from densekit.encoding.store import EmbeddingStore
-from densekit.evaluation import SCORES_KIND, evaluate
-from densekit.index import IndexSpec, SearchIndex, build_index
+from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND
+from densekit.evaluation.benchmark import benchmark_collection
 from densekit.io.artefact import write_folder_manifest
 from densekit.io.fingerprint import digest_of
 from densekit.io.outputs import claim_folder, write_output_text
 from densekit.models import DenseEncoder
 from densekit.models.hub import resolve_model_path
-from densekit.retrieval.bm25 import BM25Index
-from densekit.retrieval.dense import dense_search
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SPLIT = "test"
@@ -98,11 +93,12 @@ def run_quickstart(
     overwrite: bool = False,
     model: str = MODEL,
 ) -> QuickstartResult:
-    """Run both systems on the test split; write runs and `metrics.json` under `output`.
+    """Run both systems on the test split (`benchmark_collection`); write runs and `metrics.json` under
+    `output`.
 
-    The corpus embeddings are kept, so a second run on the same collection (or one that was killed)
-    does not encode again; an `output` holding the quickstart of another collection or model is
-    refused unless `overwrite`.
+    The runs, embeddings and index are kept, so a second run on the same collection (or one that was
+    killed) does not encode again; an `output` holding the quickstart of another collection or model
+    is refused unless `overwrite`.
     """
     output = Path(output)
     dataset = Dataset.open(data_dir)
@@ -110,38 +106,22 @@ def run_quickstart(
     if claim_folder(output, KIND, identity, [data_dir], overwrite, _ENTRIES) == "new":
         output.mkdir(parents=True, exist_ok=True)
         write_folder_manifest(output, KIND, identity, {"data": str(data_dir)})
-    queries, qrels = dataset.split_queries(SPLIT)
-    metrics: dict[str, dict[str, float]] = {}
-
-    bm25_run = BM25Index(dataset.iter_corpus(), show_progress=show_progress).search(queries, k=1000)
-    write_run(output / "bm25.trec", bm25_run, tag="bm25", inputs=[data_dir])
-    metrics["BM25"] = evaluate(qrels, bm25_run)
-
     encoder = DenseEncoder.load(model).to(resolve_device(device))
-    encode_corpus(
-        encoder, dataset, output / "embeddings", batch_size=batch_size, show_progress=show_progress,
-        overwrite=overwrite,
-    )  # fmt: skip
-    build_index(
-        EmbeddingStore.open(output / "embeddings"),
-        IndexSpec(type="flat"),
-        output / "index",
-        show_progress=show_progress,
-    )
-    dense_run = dense_search(
-        encoder,
-        SearchIndex.load(output / "index"),
-        queries,
-        k=1000,
-        batch_size=batch_size,
-        show_progress=show_progress,
-        dataset=dataset,
-    )
     name = Path(resolve_model_path(model)).name if model != MODEL else "all-MiniLM-L6-v2"
-    write_run(output / f"{name}.trec", dense_run, tag=name, inputs=[data_dir])
-    metrics[name] = evaluate(qrels, dense_run)
-
+    result = benchmark_collection(
+        encoder,
+        name,
+        dataset,
+        output,
+        SPLIT,
+        list(DEFAULT_MEASURES),
+        1000,
+        batch_size,
+        show_progress,
+        overwrite,
+    )
+    metrics = result.scores
     write_output_text(output / "metrics.json", SCORES_KIND, json.dumps(metrics, indent=2) + "\n")
     known = KNOWN_COLLECTIONS.get(identity["data"])
     collection = known.name if known else dataset.root.name
-    return QuickstartResult(metrics, collection, len(queries), known.figures if known else {})
+    return QuickstartResult(metrics, collection, result.queries, known.figures if known else {})

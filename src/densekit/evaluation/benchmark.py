@@ -131,7 +131,7 @@ def run_benchmark(
     results = []
     for number, (name, dataset) in enumerate(zip(collection_names(data_dirs), datasets, strict=True), 1):
         log.info("collection %d of %d: %s (%s)", number, len(datasets), name, dataset.root)
-        result = _benchmark_collection(
+        result = benchmark_collection(
             encoder,
             model_name,
             dataset,
@@ -154,18 +154,22 @@ def run_benchmark(
     return result
 
 
-def _benchmark_collection(
+def benchmark_collection(
     encoder: DenseEncoder,
     model_name: str,
     dataset: Dataset,
     folder: Path,
-    split: str,
-    measures: list[str],
-    k: int,
-    batch_size: int,
-    show_progress: bool,
-    overwrite: bool,
+    split: str = "test",
+    measures: list[str] | None = None,
+    k: int = 1000,
+    batch_size: int = 64,
+    show_progress: bool = True,
+    overwrite: bool = False,
 ) -> CollectionResult:
+    """BM25 and `encoder` on one collection, in `folder` (`bm25.trec`, `embeddings/`, `index/`,
+    `dense.trec`), each stage reused when what made it is unchanged; the caller checks that `folder`
+    may be written."""
+    measures = measures or ["nDCG@10", "R@100"]
     folder.mkdir(parents=True, exist_ok=True)
     queries, qrels = dataset.split_queries(split)
     split_identity = {
