@@ -22,7 +22,7 @@ from densekit.io.fingerprint import file_digest
 from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
 from densekit.models import DenseEncoder
-from densekit.retrieval.dense import dense_search
+from densekit.retrieval.retriever import Retriever
 
 from .conftest import CORPUS
 
@@ -295,9 +295,8 @@ def test_an_index_of_another_corpus_or_model_is_refused_by_search_and_mining(
     build_index(EmbeddingStore.open(tmp_path / "emb"), IndexSpec(), tmp_path / "index", show_progress=False)
     index = SearchIndex.load(tmp_path / "index")
     dataset = Dataset.open(beir_dir)
-    queries, _ = dataset.split_queries("test")
     with pytest.raises(ValueError, match=r"built from another corpus than .*corpus.jsonl"):
-        dense_search(encoder, index, queries, 3, dataset=dataset, show_progress=False)
+        Retriever(encoder, index, dataset=dataset)
     for keep_identical in (False, True):
         settings = MiningSettings(first_rank=1, last_rank=5, count=2, exclude_identical=not keep_identical)
         with pytest.raises(ValueError, match=r"built from another corpus"):
@@ -307,8 +306,8 @@ def test_an_index_of_another_corpus_or_model_is_refused_by_search_and_mining(
     other = DenseEncoder.load(tiny_st_model)
     torch.nn.init.normal_(other.query_backbone.embeddings.word_embeddings.weight)
     with pytest.raises(ValueError, match=r"other model weights"):
-        dense_search(other, index, queries, 3, show_progress=False)
+        Retriever(other, index)
     with pytest.raises(ValueError, match=r"other settings \(pooling 'mean' there, 'cls' here\)"):
-        dense_search(DenseEncoder.load(tiny_st_model, pooling="cls"), index, queries, 3, show_progress=False)
+        Retriever(DenseEncoder.load(tiny_st_model, pooling="cls"), index)
     own = Dataset.open(other_collection)
-    assert dense_search(encoder, index, own.split_queries("test")[0], 3, dataset=own, show_progress=False)
+    assert Retriever(encoder, index, dataset=own).search_run(own.split_queries("test")[0], 3)

@@ -324,7 +324,7 @@ def test_an_index_made_with_a_module_is_searched_only_with_that_module(
     from densekit.encoding.store import EmbeddingStore
     from densekit.index import SearchIndex, build_index
     from densekit.index.spec import IndexSpec
-    from densekit.retrieval.dense import dense_search
+    from densekit.retrieval.retriever import Retriever
 
     put_module(encoder, "lora", "second", seed=2)
     put_module(encoder, "lora", "first", seed=1)
@@ -335,10 +335,13 @@ def test_an_index_made_with_a_module_is_searched_only_with_that_module(
     assert made["identity"]["model"]["module"] == "first"
     index = SearchIndex.load(tmp_path / "index")
     queries = Dataset.open(beir_dir).split_queries("test")[0]
-    assert dense_search(encoder, index, queries, 3, show_progress=False)
+    retriever = Retriever(encoder, index)
+    assert retriever.search_run(queries, 3)
     encoder.activate("second")
     with pytest.raises(ValueError, match="built with module 'first', and this encoder has module 'second'"):
-        dense_search(encoder, index, queries, 3, show_progress=False)
+        Retriever(encoder, index)
+    with pytest.raises(RuntimeError, match="module 'second' is active; this retriever was made with 'first'"):
+        retriever.search_run(queries, 3)
 
     def search(output: str, *module: str) -> subprocess.CompletedProcess:
         command = [

@@ -213,7 +213,7 @@ def search(
 ) -> None:
     """Encode a split's queries and write their top k documents from the index as a TREC run."""
     from densekit.index import SearchIndex
-    from densekit.retrieval.dense import dense_search
+    from densekit.retrieval.retriever import Retriever
 
     check_file_output(output, RUN_KIND, [index_dir, data_dir, model, *([module] if module else [])])
     dataset = Dataset.open(data_dir)
@@ -227,16 +227,8 @@ def search(
         searcher.set_search_parameters(ef_search=ef_search, nprobe=nprobe)
     except SpecError as err:
         raise _option_error(err) from None
-    run = dense_search(
-        encoder,
-        searcher,
-        queries,
-        k,
-        batch_size,
-        precision,
-        show_progress=progress,  # type: ignore[arg-type]
-        dataset=dataset,
-    )
+    retriever = Retriever(encoder, searcher, dataset=dataset)
+    run = retriever.search_run(queries, k, batch_size, precision, show_progress=progress)  # type: ignore[arg-type]
     write_run(output, run, tag="densekit", inputs=[index_dir, data_dir, model, *([module] if module else [])])
     log.info("wrote %s (%d queries)", output, len(queries))
 

@@ -34,7 +34,8 @@ def embed_texts(
     order = np.argsort([-len(ids) for ids in token_ids], kind="stable")
     device = encoder.device
     was_training = encoder.training
-    encoder.eval()
+    if was_training:  # an encoder already in inference mode is never written, so threads may share it
+        encoder.eval()
     try:
         with torch.inference_mode(), autocast(device, precision):
             for start in range(0, len(order), batch_size):
@@ -47,5 +48,6 @@ def embed_texts(
                 if advance is not None:
                     advance(len(rows))
     finally:
-        encoder.train(was_training)
+        if was_training:
+            encoder.train()
     return output

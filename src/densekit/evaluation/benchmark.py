@@ -29,7 +29,7 @@ from densekit.io.atomic import atomic_file
 from densekit.io.outputs import claim_folder, is_current, write_output_text
 from densekit.models.encoder import DenseEncoder
 from densekit.retrieval.bm25 import BM25Config, BM25Index
-from densekit.retrieval.dense import dense_search
+from densekit.retrieval.retriever import Retriever
 
 log = logging.getLogger("densekit")
 
@@ -213,9 +213,8 @@ def benchmark_collection(
     dense_identity = {**split_identity, "model": encoder.identity(), "index": index_identity}
     with _stage(stages, "search", is_current(dense_run, RUN_KIND, dense_identity)) as fresh:
         if fresh:
-            searcher = SearchIndex.load(index_dir)
-            ranked = dense_search(encoder, searcher, queries, k, batch_size, show_progress=show_progress,
-                                  dataset=dataset)  # fmt: skip
+            retriever = Retriever(encoder, SearchIndex.load(index_dir), dataset=dataset)
+            ranked = retriever.search_run(queries, k, batch_size, show_progress=show_progress)
             write_run(dense_run, ranked, "densekit", [dataset.root], dense_identity)
 
     scores = {}

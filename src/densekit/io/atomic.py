@@ -89,6 +89,22 @@ def atomic_file(path: Path | str, mode: str = "w", encoding: str | None = "utf-8
         tmp.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """A temporary path beside `path`, for writers that need a file name (SQLite); on success the file
+    written there replaces `path` in one rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temporaries(path.parent, path.name)
+    tmp = _temporary(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_text_atomic(path: Path | str, text: str) -> None:
     """Write `text` to `path` atomically."""
     with atomic_file(path) as handle:

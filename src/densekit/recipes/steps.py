@@ -25,7 +25,7 @@ from densekit.models import DenseEncoder
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
 from densekit.retrieval.bm25 import BM25Config, BM25Index
-from densekit.retrieval.dense import dense_search
+from densekit.retrieval.retriever import Retriever
 from densekit.training.config import RunConfig, TrainConfig
 
 
@@ -164,15 +164,8 @@ class SearchStep(Step):
         dataset = Dataset.open(self.data)
         queries, _ = dataset.split_queries(self.split)
         encoder = DenseEncoder.load(self.model).to(resolve_device(device))
-        run = dense_search(
-            encoder,
-            SearchIndex.load(self.index),
-            queries,
-            self.k,
-            self.batch_size,
-            show_progress=show_progress,
-            dataset=dataset,
-        )
+        retriever = Retriever(encoder, SearchIndex.load(self.index), dataset=dataset)
+        run = retriever.search_run(queries, self.k, self.batch_size, show_progress=show_progress)
         write_run(Path(self.output), run, inputs=self.inputs())
 
 

@@ -1,16 +1,12 @@
-"""Dense retrieval: encode queries, search the index."""
+"""Whether an encoder may search an index: same dimension, weights, module, passage settings, corpus."""
 
 from __future__ import annotations
 
 import logging
 
 from densekit.data.dataset import Dataset
-from densekit.data.records import Run
-from densekit.encoding.device import Precision
-from densekit.encoding.embed import embed_texts
 from densekit.index.faiss_index import SearchIndex
 from densekit.models.encoder import DenseEncoder
-from densekit.progress import progress_bar
 
 log = logging.getLogger("densekit")
 
@@ -59,25 +55,3 @@ def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset
 
 def _module_words(name: str | None) -> str:
     return "the base model alone (no module)" if name is None else f"module {name!r}"
-
-
-def dense_search(
-    encoder: DenseEncoder,
-    index: SearchIndex,
-    queries: dict[str, str],
-    k: int = 1000,
-    batch_size: int = 64,
-    precision: Precision = "float32",
-    skip_self: bool = True,
-    show_progress: bool = True,
-    dataset: Dataset | None = None,
-) -> Run:
-    """The top `k` documents of `index` for each query; `dataset`, the collection the queries come
-    from, must be the one a saved index was built from."""
-    check_compatible(encoder, index, dataset)
-    query_ids = list(queries)
-    with progress_bar("encoding queries", len(query_ids), show_progress) as advance:
-        vectors = embed_texts(
-            encoder, [queries[q] for q in query_ids], "query", batch_size, precision, advance
-        )
-    return index.search_run(vectors, query_ids, k, skip_self)

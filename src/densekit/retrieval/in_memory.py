@@ -16,7 +16,7 @@ from densekit.evaluation import evaluate
 from densekit.index import SearchIndex
 from densekit.models.encoder import DenseEncoder
 from densekit.progress import progress_bar
-from densekit.retrieval.dense import dense_search
+from densekit.retrieval.retriever import Retriever
 
 
 def index_corpus(
@@ -48,5 +48,5 @@ def evaluate_encoder(
 ) -> dict[str, float]:
     """Encode, search exactly and evaluate, all in memory."""
     index = index_corpus(encoder, documents, batch_size, precision, show_progress)
-    run = dense_search(encoder, index, queries, 1000, batch_size, precision, show_progress=False)
+    run = Retriever(encoder, index).search_run(queries, 1000, batch_size, precision)
     return evaluate(qrels, run, measures)

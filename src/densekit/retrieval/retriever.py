@@ -1,0 +1,128 @@
+"""The one object that searches: a model (with its module), an index and, optionally, the documents.
+
+The `search` command, the recipes' search step, the benchmark, the quickstart and the HTTP service all
+go through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from densekit.data.dataset import Dataset
+from densekit.data.records import Run
+from densekit.encoding.device import Precision, resolve_device
+from densekit.encoding.embed import embed_texts
+from densekit.index.faiss_index import SearchIndex
+from densekit.models.encoder import DenseEncoder
+from densekit.progress import progress_bar
+from densekit.retrieval.dense import check_compatible
+from densekit.retrieval.documents import DocumentStore
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One ranked document; `title` and `text` when the retriever has the documents."""
+
+    id: str
+    score: float
+    title: str | None = None
+    text: str | None = None
+
+
+class Retriever:
+    """Ranked documents for queries. Safe to call from several threads at once when the encoder is in
+    inference mode (`open` puts it there): nothing shared changes per call. The index must have been made
+    by the encoder with the module active now; switching modules afterwards is an error at search time."""
+
+    def __init__(
+        self,
+        encoder: DenseEncoder,
+        index: SearchIndex,
+        documents: DocumentStore | None = None,
+        dataset: Dataset | None = None,
+    ):
+        check_compatible(encoder, index, dataset)
+        self.encoder = encoder
+        self.module = encoder.active
+        self.index = index
+        self.documents = documents
+
+    @classmethod
+    def open(
+        cls,
+        model: str,
+        index_dir: Path | str,
+        corpus: Path | str | None = None,
+        module: Path | str | None = None,
+        device: str = "auto",
+        gpu_index: bool = False,
+        show_progress: bool = False,
+    ) -> Retriever:
+        """Load the model (with `module` on it), the index and, given the `corpus` collection the index
+        was built from, its document store (built beside the index the first time)."""
+        from densekit.retrieval.documents import open_document_store, store_path
+
+        encoder = DenseEncoder.load(model, module=module).to(resolve_device(device)).eval()
+        index = SearchIndex.load(index_dir, gpu=gpu_index)
+        dataset = Dataset.open(corpus) if corpus is not None else None
+        documents = None
+        if dataset is not None:
+            check_compatible(encoder, index, dataset)  # before building a store of the wrong corpus
+            documents = open_document_store(dataset, store_path(index_dir), show_progress)
+        return cls(encoder, index, documents, dataset)
+
+    def encode_queries(
+        self,
+        texts: list[str],
+        batch_size: int = 64,
+        precision: Precision = "float32",
+        show_progress: bool = False,
+    ) -> np.ndarray:
+        """The query vectors of `texts`, in their order."""
+        if self.encoder.active != self.module:
+            raise RuntimeError(
+                f"module {self.encoder.active!r} is active; this retriever was made with {self.module!r}: "
+                "make a retriever for the index of that module"
+            )
+        with progress_bar("encoding queries", len(texts), show_progress) as advance:
+            return embed_texts(self.encoder, texts, "query", batch_size, precision, advance)
+
+    def search_run(
+        self,
+        queries: dict[str, str],
+        k: int = 1000,
+        batch_size: int = 64,
+        precision: Precision = "float32",
+        skip_self: bool = True,
+        show_progress: bool = False,
+    ) -> Run:
+        """The top `k` documents for each query, by query id, as a run (a document whose id is the
+        query's left out with `skip_self`, as BEIR does)."""
+        query_ids = list(queries)
+        vectors = self.encode_queries([queries[q] for q in query_ids], batch_size, precision, show_progress)
+        return self.index.search_run(vectors, query_ids, k, skip_self)
+
+    def search(self, queries: str | list[str], k: int = 10) -> list[list[Hit]]:
+        """Ranked hits for each query text (a single text is a list of one), with titles and texts when
+        the retriever has the documents."""
+        texts = [queries] if isinstance(queries, str) else list(queries)
+        return self.hits(self.encode_queries(texts), k)
+
+    def hits(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        """Ranked hits for query vectors made by `encode_queries`."""
+        keys = [str(i) for i in range(len(vectors))]
+        run = self.index.search_run(vectors, keys, k, skip_self=False)
+        ranked = [list(run.get(key, {}).items()) for key in keys]
+        found = self.documents.get_many([d for hits in ranked for d, _ in hits]) if self.documents else {}
+        results = []
+        for hits in ranked:
+            row = []
+            for doc_id, score in hits:
+                document = found.get(doc_id)
+                title, text = (document.title, document.text) if document else (None, None)
+                row.append(Hit(doc_id, float(score), title, text))
+            results.append(row)
+        return results
