@@ -17,6 +17,7 @@ from densekit.cli import (
     quickstart_command,
     recipe_command,
     retrieval_commands,
+    serve_command,
     train_commands,
 )
 from densekit.diagnostics import DataError
@@ -53,6 +54,7 @@ train_commands.register(app)
 recipe_command.register(app)
 module_commands.register(app)
 evaluation_commands.register(app)
+serve_command.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,97 @@
+"""`densekit serve`."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from densekit.cli.options import DeviceOpt, ModelArg, ModuleOpt
+
+log = logging.getLogger("densekit")
+API_KEY_VARIABLE = "DENSEKIT_API_KEY"
+
+
+def read_api_key(api_key_file: Path | None) -> str | None:
+    """The token from `api_key_file` (its first line) or the DENSEKIT_API_KEY variable, or None."""
+    if api_key_file is not None:
+        lines = api_key_file.read_text(encoding="utf-8").splitlines()
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ValueError(f"{api_key_file}:1: empty: write the token on the first line")
+        return key
+    key = os.environ.get(API_KEY_VARIABLE, "").strip()
+    return key or None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    model: ModelArg,
+    index_dir: Annotated[Path, typer.Argument(help="A folder written by `densekit index`.")],
+    corpus: Annotated[
+        Path | None,
+        typer.Option(
+            "--corpus", help="The collection the index was built from: hits then carry their texts."
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option(help="The address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="The port to listen on.")] = 8000,
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--api-key-file", help=f"A file whose first line is the bearer token (or set {API_KEY_VARIABLE})."
+        ),
+    ] = None,
+    module: ModuleOpt = None,
+    device: DeviceOpt = "auto",
+    max_batch: Annotated[int, typer.Option(min=1, help="Queries encoded together at most.")] = 64,
+    max_wait_ms: Annotated[
+        float, typer.Option(min=0, help="How long a query waits for others to share its batch.")
+    ] = 5.0,
+    max_k: Annotated[int, typer.Option(min=1, help="Most hits a query may ask for.")] = 1000,
+    max_queries: Annotated[int, typer.Option(min=1, help="Most queries in one request.")] = 64,
+    max_query_chars: Annotated[int, typer.Option(min=1, help="Longest query, in characters.")] = 2000,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body.")] = 1_000_000,
+) -> None:
+    """Serve MODEL and INDEX_DIR over HTTP: POST /search, GET /documents/{id}, /info, /health, a search
+    page at / and the API's docs at /docs (docs/serving.md).
+
+    Everything is loaded and checked before the port opens. Without a token (--api-key-file or
+    DENSEKIT_API_KEY) it serves only on a loopback address. Ctrl-C or SIGTERM finishes the requests in
+    flight, then exits.
+    """
+    import uvicorn
+
+    from densekit.retrieval.retriever import Retriever
+    from densekit.serving.app import Limits, create_app
+
+    api_key = read_api_key(api_key_file)
+    if api_key is None and not _is_loopback(host):
+        raise ValueError(
+            f"--host {host} is reachable from other machines: give a token with --api-key-file or "
+            f"{API_KEY_VARIABLE}"
+        )
+    limits = Limits(max_query_chars=max_query_chars, max_k=max_k, max_queries=max_queries,
+                    max_body_bytes=max_body_bytes)  # fmt: skip
+    retriever = Retriever.open(model, index_dir, corpus, module, device, show_progress=True)
+    app = create_app(retriever, api_key, limits, max_batch, max_wait_ms)
+    log.info("serving %s over %s on http://%s:%d (token %s)", model, index_dir, host, port,
+             "required" if api_key else "not required")  # fmt: skip
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `serve` to `app`."""
+    app.command("serve")(serve)

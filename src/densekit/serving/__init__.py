@@ -1,0 +1,1 @@
+"""The HTTP search service over a Retriever."""

@@ -1,0 +1,306 @@
+"""The Retriever, the document store and the HTTP service over them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from densekit.data.dataset import Dataset
+from densekit.data.trec import read_run
+from densekit.diagnostics import Diagnostics
+from densekit.encoding.corpus import encode_corpus
+from densekit.encoding.store import EmbeddingStore
+from densekit.index import IndexSpec, build_index
+from densekit.models import DenseEncoder
+from densekit.retrieval.documents import store_path
+from densekit.retrieval.retriever import Retriever
+from densekit.serving.app import Limits, create_app
+from densekit.serving.batcher import MicroBatcher
+
+from .conftest import CORPUS, QUERIES
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, tiny_st_model: Path) -> tuple[Path, Path, Path]:
+    """A collection, its index by the tiny model, and the model: (data, index, model)."""
+    from .conftest import write_beir
+
+    root = tmp_path_factory.mktemp("served")
+    data = write_beir(root / "data")
+    encode_corpus(DenseEncoder.load(tiny_st_model), Dataset.open(data), root / "emb", show_progress=False)
+    build_index(
+        EmbeddingStore.open(root / "emb"), IndexSpec(type="flat"), root / "index", show_progress=False
+    )
+    return data, root / "index", tiny_st_model
+
+
+@pytest.fixture(scope="module")
+def retriever(served) -> Retriever:
+    data, index, model = served
+    return Retriever.open(str(model), index, corpus=data, device="cpu")
+
+
+def client(retriever: Retriever, **limits) -> TestClient:
+    return TestClient(create_app(retriever, TOKEN, Limits(**limits)))
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_the_retriever_gives_the_search_commands_run(served, retriever: Retriever, tmp_path: Path):
+    data, index, model = served
+    command = [sys.executable, "-m", "densekit", "search", str(model), str(index), str(data), "-o",
+               str(tmp_path / "run.trec"), "--k", "5", "--no-progress", "--device", "cpu"]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True)
+    from_command = read_run(tmp_path / "run.trec", Diagnostics())
+    queries, _ = Dataset.open(data).split_queries("test")
+    in_process = retriever.search_run(queries, 5)
+    assert list(from_command) == list(in_process)
+    for query in queries:
+        assert list(from_command[query]) == list(in_process[query])
+        assert list(from_command[query].values()) == pytest.approx(list(in_process[query].values()), abs=1e-6)
+
+
+def test_hits_carry_the_documents_texts_from_the_store(retriever: Retriever):
+    [hits] = retriever.search(QUERIES[1]["text"], k=len(CORPUS))
+    by_id = {d["_id"]: d for d in CORPUS}
+    assert sorted(h.id for h in hits) == sorted(by_id)
+    for hit in hits:
+        assert (hit.title, hit.text) == (by_id[hit.id]["title"], by_id[hit.id]["text"])
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_the_store_is_rebuilt_when_the_corpus_changes(served, make_beir, tmp_path: Path):
+    from densekit.retrieval.documents import open_document_store
+
+    data = make_beir()
+    path = tmp_path / "x.documents.sqlite"
+    assert open_document_store(Dataset.open(data), path).get("d1").title == "Cats"
+    changed = [dict(d, title="Felines") if d["_id"] == "d1" else d for d in CORPUS]
+    data = make_beir(corpus=changed)
+    assert open_document_store(Dataset.open(data), path).get("d1").title == "Felines"
+
+
+def test_the_service_gives_the_retrievers_hits(retriever: Retriever):
+    texts = [q["text"] for q in QUERIES]
+    with client(retriever) as http:
+        response = http.post("/search", json={"query": texts, "k": 4}, headers=AUTH)
+        single = http.post("/search", json={"query": texts[0], "k": 4}, headers=AUTH)
+    assert response.status_code == 200, response.text
+    expected = retriever.search(texts, k=4)
+    for served_hits, own in zip(response.json()["results"], expected, strict=True):
+        assert [h["id"] for h in served_hits] == [h.id for h in own]
+        assert [h["score"] for h in served_hits] == pytest.approx([h.score for h in own], abs=1e-6)
+        assert [h["text"] for h in served_hits] == [h.text for h in own]
+    assert single.json()["results"][0] == response.json()["results"][0]
+
+
+def test_documents_by_id_and_the_services_info(retriever: Retriever):
+    with client(retriever) as http:
+        found = http.get("/documents/d4", headers=AUTH)
+        missing = http.get("/documents/nowhere", headers=AUTH)
+        info = http.get("/info", headers=AUTH).json()
+    assert found.json()["title"] == "Python"
+    assert missing.status_code == 404 and "nowhere" in missing.json()["detail"]
+    assert (info["dimension"], info["documents"], info["index"]["type"]) == (32, len(CORPUS), "flat")
+
+
+def test_every_route_but_health_and_the_page_needs_the_token(retriever: Retriever):
+    with client(retriever) as http:
+        assert http.get("/health").status_code == 200
+        assert http.get("/").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            assert http.post("/search", json={"query": "x"}, headers=headers).status_code == 401
+            assert http.get("/documents/d1", headers=headers).status_code == 401
+            assert http.get("/info", headers=headers).status_code == 401
+        assert http.post("/search", json={"query": "x"}, headers=AUTH).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"query": "x", "k": 6}, 422, "k=6"),
+        ({"query": ["a", "b", "c"]}, 422, "3 queries"),
+        ({"query": "y" * 41}, 422, "41 characters"),
+        ({"query": "   "}, 422, "empty"),
+        ({"query": "z" * 300}, 413, "request body over 200 bytes"),
+        ({"query": "x", "extra": 1}, 422, "extra"),
+    ],
+)
+def test_each_limit_gets_its_status_and_the_next_good_request_is_answered(retriever, body, status, says):
+    with client(retriever, max_k=5, max_queries=2, max_query_chars=40, max_body_bytes=200) as http:
+        refused = http.post("/search", json=body, headers=AUTH)
+        assert refused.status_code == status
+        assert says in json.dumps(refused.json())
+        assert http.post("/search", json={"query": "cats", "k": 2}, headers=AUTH).status_code == 200
+
+
+def test_a_body_without_a_declared_length_is_held_to_the_limit_too(retriever: Retriever):
+    def chunks():
+        yield b'{"query": "'
+        yield b"w" * 500
+        yield b'"}'
+
+    with client(retriever, max_body_bytes=200) as http:
+        refused = http.post("/search", content=chunks(), headers={**AUTH, "Content-Type": "application/json"})
+    assert refused.status_code == 413
+
+
+def test_concurrent_requests_share_encoding_batches_and_get_their_own_hits(retriever: Retriever):
+    texts = [q["text"] for q in QUERIES] * 4
+    alone = retriever.search(texts, k=3)
+
+    async def many() -> tuple[list, int]:
+        batcher = MicroBatcher(retriever, max_batch=64, max_wait_ms=200)
+        await batcher.start()
+        answers = await asyncio.gather(*(batcher.search([t], 3) for t in texts))
+        await batcher.stop()
+        return answers, batcher.batches
+
+    answers, batches = asyncio.run(many())
+    assert batches < len(texts)  # 16 requests, gathered into fewer encoding batches
+    for [hits], own in zip(answers, alone, strict=True):
+        assert [h.id for h in hits] == [h.id for h in own]
+        assert [h.score for h in hits] == pytest.approx([h.score for h in own], abs=1e-5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(served, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    data, index, model = served
+    (tmp_path / "key").write_text(TOKEN + "\n")
+    port = _free_port()
+    command = [sys.executable, "-m", "densekit", "serve", str(model), str(index), "--corpus", str(data),
+               "--port", str(port), "--api-key-file", str(tmp_path / "key"), "--device", "cpu",
+               *extra]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            if process.poll() is not None:
+                raise AssertionError(process.stdout.read()) from None
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError("the service did not start")
+
+
+def test_sigterm_lets_requests_in_flight_finish_then_the_service_exits(served, tmp_path: Path):
+    # a long wait for company keeps a request in flight when SIGTERM arrives
+    process, url = _serve(served, tmp_path, "--max-wait-ms", "1500")
+    try:
+        with httpx.Client(timeout=30) as http:
+            import threading
+
+            answers: list[httpx.Response] = []
+            thread = threading.Thread(
+                target=lambda: answers.append(
+                    http.post(f"{url}/search", json={"query": "cats"}, headers=AUTH)
+                )
+            )
+            thread.start()
+            time.sleep(0.5)
+            process.send_signal(signal.SIGTERM)
+            thread.join(timeout=30)
+        assert answers and answers[0].status_code == 200
+        assert answers[0].json()["results"][0]
+        # uvicorn ends by re-raising the signal it caught, as a service manager expects
+        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_a_bad_index_is_an_error_before_the_port_opens(served, tmp_path: Path):
+    _, _, model = served
+    (tmp_path / "not-an-index").mkdir()
+    command = [sys.executable, "-m", "densekit", "serve", str(model), str(tmp_path / "not-an-index"),
+               "--port", str(_free_port())]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "not-an-index" in result.stderr and "not an index folder" in result.stderr
+
+
+def test_without_a_token_it_serves_only_on_loopback(served):
+    _, index, model = served
+    command = [sys.executable, "-m", "densekit", "serve", str(model), str(index), "--host", "0.0.0.0"]
+    env = {k: v for k, v in os.environ.items() if k != "DENSEKIT_API_KEY"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and "--api-key-file" in result.stderr
+
+
+def test_the_document_store_sits_beside_the_index(served, retriever: Retriever):
+    _, index, _ = served
+    assert retriever.documents is not None and retriever.documents.path == store_path(index)
+    assert store_path(index).name == "index.documents.sqlite"
+
+
+def _browser():
+    """Headless chromium through selenium, or a skip saying what is missing."""
+    import shutil
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip("the browser test needs Debian's chromium and chromium-driver (apt install them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900"):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+def test_the_search_page_in_a_real_browser_shows_the_first_hit(served, retriever: Retriever, tmp_path: Path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = _browser()
+    process, url = _serve(served, tmp_path)
+    try:
+        query = QUERIES[1]["text"]
+        browser.get(url + "/")
+        browser.find_element(By.ID, "token").send_keys("wrong")
+        browser.find_element(By.ID, "query").send_keys(query)
+        browser.find_element(By.ID, "go").click()
+        status = WebDriverWait(browser, 30).until(
+            expected_conditions.text_to_be_present_in_element((By.ID, "status"), "401")
+        )
+        assert status
+        token = browser.find_element(By.ID, "token")
+        token.clear()
+        token.send_keys(TOKEN)
+        browser.find_element(By.ID, "go").click()
+        first = WebDriverWait(browser, 30).until(
+            expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "li.hit"))
+        )
+        [expected] = retriever.search(query, k=10)
+        assert first.get_attribute("data-id") == expected[0].id
+        assert expected[0].title in first.text and expected[0].id in first.text
+        assert "ms (search)" in browser.find_element(By.ID, "status").text
+        assert len(browser.find_elements(By.CSS_SELECTOR, "li.hit")) == len(expected)
+    finally:
+        browser.quit()
+        process.terminate()
+        process.wait(timeout=30)
