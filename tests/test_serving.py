@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -15,7 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
+from densekit.cli.main import app
 from densekit.data.dataset import Dataset
 from densekit.data.trec import read_run
 from densekit.diagnostics import Diagnostics
@@ -29,6 +30,7 @@ from densekit.serving.app import Limits, create_app
 from densekit.serving.batcher import MicroBatcher
 
 from .conftest import CORPUS, QUERIES
+from .test_outputs import cli
 
 TOKEN = "s3cret-token"
 
@@ -62,9 +64,10 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 def test_the_retriever_gives_the_search_commands_run(served, retriever: Retriever, tmp_path: Path):
     data, index, model = served
-    command = [sys.executable, "-m", "densekit", "search", str(model), str(index), str(data), "-o",
-               str(tmp_path / "run.trec"), "--k", "5", "--no-progress", "--device", "cpu"]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True)
+    args = ["search", str(model), str(index), str(data), "-o", str(tmp_path / "run.trec"), "--k", "5",
+            "--no-progress", "--device", "cpu"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
     from_command = read_run(tmp_path / "run.trec", Diagnostics())
     queries, _ = Dataset.open(data).split_queries("test")
     in_process = retriever.search_run(queries, 5)
@@ -230,22 +233,22 @@ def test_sigterm_lets_requests_in_flight_finish_then_the_service_exits(served, t
             process.kill()
 
 
-def test_a_bad_index_is_an_error_before_the_port_opens(served, tmp_path: Path):
+def test_a_bad_index_is_an_error_before_the_port_opens(served, tmp_path: Path, capsys):
     _, _, model = served
     (tmp_path / "not-an-index").mkdir()
-    command = [sys.executable, "-m", "densekit", "serve", str(model), str(tmp_path / "not-an-index"),
-               "--port", str(_free_port())]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
-    assert "not-an-index" in result.stderr and "not an index folder" in result.stderr
+    port = _free_port()
+    code, err, _ = cli(capsys, "serve", model, tmp_path / "not-an-index", "--port", port)
+    assert code == 2
+    assert "not-an-index" in err and "not an index folder" in err
+    with socket.socket() as probe:  # nothing listens on the port
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
 
 
-def test_without_a_token_it_serves_only_on_loopback(served):
+def test_without_a_token_it_serves_only_on_loopback(served, capsys, monkeypatch):
     _, index, model = served
-    command = [sys.executable, "-m", "densekit", "serve", str(model), str(index), "--host", "0.0.0.0"]
-    env = {k: v for k, v in os.environ.items() if k != "DENSEKIT_API_KEY"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 2 and "--api-key-file" in result.stderr
+    monkeypatch.delenv("DENSEKIT_API_KEY", raising=False)
+    code, err, _ = cli(capsys, "serve", model, index, "--host", "0.0.0.0")
+    assert code == 2 and "--api-key-file" in err
 
 
 def test_the_document_store_sits_beside_the_index(served, retriever: Retriever):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -162,15 +163,41 @@ def index(
         int | None,
         typer.Option(help="PQ bits per code (default 8, less for small corpora).", **_bounds("pq_bits")),
     ] = None,
+    backend: Annotated[
+        str, typer.Option("--backend", help="faiss (a local file) or milvus (a Milvus collection).")
+    ] = "faiss",
+    uri: Annotated[
+        str | None, typer.Option("--uri", help="milvus: a Milvus URI, or a local file for Milvus Lite.")
+    ] = None,
+    collection: Annotated[
+        str | None, typer.Option("--collection", help="milvus: the collection (default: OUTPUT's name).")
+    ] = None,
+    overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
-    """Build a Faiss index (inner product) from saved embeddings and save it.
+    """Build a Faiss index (inner product) from saved embeddings and save it, or, with --backend milvus,
+    write them into a Milvus collection that the saved index folder names (docs/serving.md).
 
     OUTPUT must be new, an empty folder or an index folder densekit made (which is replaced).
     """
     from densekit.encoding.store import EmbeddingStore
     from densekit.index import build_index
 
+    if backend == "milvus":
+        from densekit.index.milvus_index import build_milvus_index
+
+        if uri is None:
+            raise ValueError("--backend milvus needs --uri (a Milvus URI, or a file path for Milvus Lite)")
+        if index_type != "flat":
+            raise ValueError(f"--type {index_type}: the Milvus backend searches exactly (flat) only")
+        name = collection or re.sub(r"\W", "_", output.resolve().name)
+        build_milvus_index(EmbeddingStore.open(embeddings), output, uri, name, overwrite, progress)
+        log.info("wrote %s (Milvus collection %r at %s)", output, name, uri)
+        return
+    if backend != "faiss":
+        raise ValueError(f"--backend {backend}: use faiss or milvus")
+    if uri is not None or collection is not None:
+        raise ValueError("--uri and --collection are for --backend milvus")
     try:
         spec = IndexSpec.checked(
             type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction, ef_search=ef_search,

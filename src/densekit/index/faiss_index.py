@@ -177,6 +177,13 @@ class SearchIndex:
             raise DataError([Problem(folder, None, f"not an index folder of densekit's ({what})")])
         verify(folder, manifest)
         meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+        if meta.get("backend") == "milvus":
+            from densekit.index.milvus_index import MilvusSearchIndex
+
+            if gpu:
+                raise ValueError(f"{folder} is a Milvus index: Milvus searches it, not faiss on a GPU")
+            ids = (folder / IDS_FILE).read_text(encoding="utf-8").splitlines()
+            return MilvusSearchIndex(meta, ids, folder, manifest.identity)
         try:
             index = faiss.read_index(str(folder / INDEX_FILE))
         except RuntimeError as err:
@@ -193,6 +200,11 @@ class SearchIndex:
     def dimension(self) -> int:
         """The indexed vectors' size."""
         return int(self.index.d)
+
+    @property
+    def rows(self) -> int:
+        """Vectors held."""
+        return int(self.index.ntotal)
 
     def set_search_parameters(self, ef_search: int | None = None, nprobe: int | None = None) -> None:
         """Set HNSW's candidate list size or IVF's lists probed (None: the spec's value). A value out of

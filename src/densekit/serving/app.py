@@ -133,7 +133,11 @@ def create_app(retriever: Retriever, api_key: str | None, limits: Limits = Limit
             "dimension": encoder.dimension,
             "modules": sorted(encoder.attached),
             "active_module": encoder.active,
-            "index": {"type": index.spec.type, "rows": int(index.index.ntotal), "folder": str(index.folder)},
+            "index": {
+                "type": index.meta.get("backend", index.spec.type),
+                "rows": index.rows,
+                "folder": str(index.folder),
+            },
             "documents": len(retriever.documents) if retriever.documents is not None else None,
             "limits": limits.model_dump(),
         }
