@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -210,7 +211,10 @@ def diagnose_negatives_command(
             check_file_output(path, kind, inputs)
     encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
     searcher = SearchIndex.load(index_dir)
-    reports = [diagnose_negatives(path, encoder, searcher, depth, batch_size, progress) for path in examples]
+    reports = [
+        replace(diagnose_negatives(path, encoder, searcher, depth, batch_size, progress), name=name)
+        for path, name in zip(examples, short_names(examples), strict=True)
+    ]
     table = Table("examples", "queries", "negatives", f"in dense top {depth}", "mean margin")
     for report in reports:
         table.add_row(
