@@ -307,3 +307,14 @@ def test_the_search_page_in_a_real_browser_shows_the_first_hit(served, retriever
         browser.quit()
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_threads_sharing_a_retriever_get_what_each_would_alone(retriever: Retriever):
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [q["text"] for q in QUERIES] * 6
+    alone = [retriever.search(t, k=3)[0] for t in texts]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda t: retriever.search(t, k=3)[0], texts))
+    assert [[h.id for h in hits] for hits in together] == [[h.id for h in hits] for hits in alone]
+    assert not retriever.encoder.training
