@@ -40,8 +40,11 @@ _MAX_TOP_K = 16384  # Milvus's limit on hits per query
 
 
 def _client(uri: str) -> Any:
-    from pymilvus import MilvusClient
-    from pymilvus.exceptions import MilvusException
+    try:
+        from pymilvus import MilvusClient
+        from pymilvus.exceptions import MilvusException
+    except ImportError:
+        raise RuntimeError("the Milvus backend needs pymilvus: pip install 'densekit[milvus]'") from None
 
     try:
         return MilvusClient(uri)
