@@ -61,8 +61,6 @@ def build_milvus_index(
     show_progress: bool = True,
 ) -> Path:
     """Write `store` into `collection` at `uri` and the index folder `output` that names it."""
-    from pymilvus import DataType, MilvusClient
-
     check_not_input(output, [store.folder])
     check_artefact_dir(output, KIND)
     rows, dimension = len(store), store.dimension
@@ -72,6 +70,8 @@ def build_milvus_index(
     identity = {"embeddings": store.identity, "spec": spec.model_dump(), "backend": BACKEND}
     digest = digest_of(identity)
     client = _client(uri)
+    from pymilvus import DataType, MilvusClient  # importable: `_client` has checked
+
     if _claim_collection(client, uri, collection, digest, overwrite) == "new":
         schema = MilvusClient.create_schema(auto_id=False)
         schema.add_field("id", DataType.INT64, is_primary=True)  # the row number
