@@ -167,9 +167,9 @@ def test_concurrent_requests_share_encoding_batches_and_get_their_own_hits(retri
     alone = retriever.search(texts, k=3)
 
     async def many() -> tuple[list, int]:
-        batcher = MicroBatcher(retriever, max_batch=64, max_wait_ms=200)
+        batcher = MicroBatcher(max_batch=64, max_wait_ms=200)
         await batcher.start()
-        answers = await asyncio.gather(*(batcher.search([t], 3) for t in texts))
+        answers = await asyncio.gather(*(batcher.search(retriever, [t], 3) for t in texts))
         await batcher.stop()
         return answers, batcher.batches
 
@@ -318,3 +318,41 @@ def test_threads_sharing_a_retriever_get_what_each_would_alone(retriever: Retrie
         together = list(pool.map(lambda t: retriever.search(t, k=3)[0], texts))
     assert [[h.id for h in hits] for hits in together] == [[h.id for h in hits] for hits in alone]
     assert not retriever.encoder.training
+
+
+def test_one_service_serves_several_modules_each_with_its_own_index(served, tmp_path: Path):
+    from .test_modules import put_module
+
+    data, _, model = served
+    encoder = DenseEncoder.load(model).eval()
+    indexes = {}
+    for name, seed in (("first", 1), ("second", 2)):
+        put_module(encoder, "lora", name, seed=seed)
+        encode_corpus(encoder, Dataset.open(data), tmp_path / f"emb-{name}", show_progress=False)
+        build_index(
+            EmbeddingStore.open(tmp_path / f"emb-{name}"), IndexSpec(), tmp_path / name, show_progress=False
+        )
+        indexes[name] = tmp_path / name
+    retrievers = []
+    for name in ("first", "second"):
+        encoder.activate(name)
+        retrievers.append(Retriever.over(encoder, indexes[name], data))
+    texts = [q["text"] for q in QUERIES]
+    expected = {}
+    for retriever in retrievers:
+        encoder.activate(retriever.module)
+        expected[retriever.module] = retriever.search(texts, k=4)
+    assert expected["first"] != expected["second"]
+    encoder.activate("first")
+    with TestClient(create_app(retrievers, TOKEN)) as http:
+        for module in ("second", "first", None):
+            body = {"query": texts, "k": 4, **({"module": module} if module else {})}
+            response = http.post("/search", json=body, headers=AUTH)
+            assert response.status_code == 200, response.text
+            own = expected[module or "first"]
+            assert [[h["id"] for h in hits] for hits in response.json()["results"]] == [
+                [h.id for h in hits] for hits in own
+            ]
+        unknown = http.post("/search", json={"query": "x", "module": "third"}, headers=AUTH)
+        assert unknown.status_code == 422 and "'first', 'second'" in unknown.json()["detail"]
+        assert set(http.get("/info", headers=AUTH).json()["modules"]) == {"second"}

@@ -28,6 +28,14 @@ def read_api_key(api_key_file: Path | None) -> str | None:
     return key or None
 
 
+def _module_and_index(text: str) -> tuple[Path, Path]:
+    """`MODULE_DIR=INDEX_DIR` as two paths."""
+    module_dir, sep, index_dir = text.partition("=")
+    if not sep or not module_dir or not index_dir:
+        raise ValueError(f"--module-index {text}: give MODULE_DIR=INDEX_DIR")
+    return Path(module_dir), Path(index_dir)
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -55,6 +63,14 @@ def serve(
         ),
     ] = None,
     module: ModuleOpt = None,
+    module_index: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--module-index",
+            help="Serve another module of MODEL too, as MODULE_DIR=INDEX_DIR (its own index); repeatable. "
+            "Requests choose it by the module's name.",
+        ),
+    ] = None,
     device: DeviceOpt = "auto",
     max_batch: Annotated[int, typer.Option(min=1, help="Queries encoded together at most.")] = 64,
     max_wait_ms: Annotated[
@@ -85,8 +101,14 @@ def serve(
         )
     limits = Limits(max_query_chars=max_query_chars, max_k=max_k, max_queries=max_queries,
                     max_body_bytes=max_body_bytes)  # fmt: skip
-    retriever = Retriever.open(model, index_dir, corpus, module, device, show_progress=True)
-    app = create_app(retriever, api_key, limits, max_batch, max_wait_ms)
+    extra = [_module_and_index(text) for text in module_index or []]
+    retrievers = [Retriever.open(model, index_dir, corpus, module, device, show_progress=True)]
+    encoder = retrievers[0].encoder
+    for module_dir, extra_index in extra:
+        encoder.load_module(module_dir)  # shares the base; activated while its retriever is checked
+        retrievers.append(Retriever.over(encoder, extra_index, corpus, show_progress=True))
+    encoder.activate(retrievers[0].module)
+    app = create_app(retrievers, api_key, limits, max_batch, max_wait_ms)
     log.info("serving %s over %s on http://%s:%d (token %s)", model, index_dir, host, port,
              "required" if api_key else "not required")  # fmt: skip
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)

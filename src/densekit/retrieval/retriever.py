@@ -61,11 +61,25 @@ class Retriever:
         gpu_index: bool = False,
         show_progress: bool = False,
     ) -> Retriever:
-        """Load the model (with `module` on it), the index and, given the `corpus` collection the index
-        was built from, its document store (built beside the index the first time)."""
+        """Load the model (with `module` on it) in inference mode, the index and, given the `corpus`
+        collection the index was built from, its document store (built beside the index the first
+        time)."""
+        encoder = DenseEncoder.load(model, module=module).to(resolve_device(device)).eval()
+        return cls.over(encoder, index_dir, corpus, gpu_index, show_progress)
+
+    @classmethod
+    def over(
+        cls,
+        encoder: DenseEncoder,
+        index_dir: Path | str,
+        corpus: Path | str | None = None,
+        gpu_index: bool = False,
+        show_progress: bool = False,
+    ) -> Retriever:
+        """A retriever of `encoder`, as it is now (its active module), over a saved index and the
+        documents of `corpus`; several may share one encoder, each with its own module (`serve`)."""
         from densekit.retrieval.documents import open_document_store, store_path
 
-        encoder = DenseEncoder.load(model, module=module).to(resolve_device(device)).eval()
         index = SearchIndex.load(index_dir, gpu=gpu_index)
         dataset = Dataset.open(corpus) if corpus is not None else None
         documents = None

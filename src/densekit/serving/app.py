@@ -31,12 +31,14 @@ class Limits(BaseModel):
 
 
 class SearchRequest(BaseModel):
-    """`query`: one text or a list of them; `k`: hits per query (10, or the service's limit if lower)."""
+    """`query`: one text or a list of them; `k`: hits per query (10, or the service's limit if lower);
+    `module`: which of the served modules encodes the queries (default: the first served)."""
 
     model_config = ConfigDict(extra="forbid")
 
     query: str | list[str]
     k: int | None = None
+    module: str | None = None
 
 
 class HitOut(BaseModel):
@@ -91,11 +93,17 @@ class _BodyLimit:
         await response(scope, receive, send)
 
 
-def create_app(retriever: Retriever, api_key: str | None, limits: Limits = Limits(), max_batch: int = 64,
-               max_wait_ms: float = 5.0) -> FastAPI:  # fmt: skip
-    """The service. With `api_key`, every route but `/health`, the page at `/` and the OpenAPI pages
-    (which hold no data) needs `Authorization: Bearer <api_key>`."""
-    batcher = MicroBatcher(retriever, max_batch, max_wait_ms)
+def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, limits: Limits = Limits(),
+               max_batch: int = 64, max_wait_ms: float = 5.0) -> FastAPI:  # fmt: skip
+    """The service over one retriever, or several sharing one encoder, each with its own module and
+    index (the first answers requests that name no module). With `api_key`, every route but `/health`,
+    the page at `/` and the OpenAPI pages (which hold no data) needs `Authorization: Bearer <api_key>`."""
+    served = [retrievers] if isinstance(retrievers, Retriever) else list(retrievers)
+    by_module = {r.module: r for r in served}
+    if len(by_module) != len(served):
+        raise ValueError("two retrievers of the same module: serve each module once")
+    retriever = served[0]
+    batcher = MicroBatcher(max_batch, max_wait_ms)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -126,18 +134,14 @@ def create_app(retriever: Retriever, api_key: str | None, limits: Limits = Limit
 
     @app.get("/info", dependencies=[Depends(authorised)])
     def info() -> dict:
-        """The model, its modules, the index and the documents."""
-        encoder, index = retriever.encoder, retriever.index
+        """The model, the module and index that answer by default, the other modules served, the
+        documents and the limits."""
         return {
-            "model": encoder.source,
-            "dimension": encoder.dimension,
-            "modules": sorted(encoder.attached),
-            "active_module": encoder.active,
-            "index": {
-                "type": index.meta.get("backend", index.spec.type),
-                "rows": index.rows,
-                "folder": str(index.folder),
-            },
+            "model": retriever.encoder.source,
+            "dimension": retriever.encoder.dimension,
+            "active_module": retriever.module,
+            "index": _index_info(retriever),
+            "modules": {str(r.module): _index_info(r) for r in served[1:]},
             "documents": len(retriever.documents) if retriever.documents is not None else None,
             "limits": limits.model_dump(),
         }
@@ -148,8 +152,12 @@ def create_app(retriever: Retriever, api_key: str | None, limits: Limits = Limit
         texts = [request.query] if isinstance(request.query, str) else request.query
         k = request.k if request.k is not None else min(10, limits.max_k)
         _check(k, texts, limits)
+        chosen = retriever if request.module is None else by_module.get(request.module)
+        if chosen is None:
+            names = ", ".join(repr(name) for name in by_module if name is not None) or "none"
+            raise _LimitError(f"module {request.module!r} is not served here (modules served: {names})")
         start = time.perf_counter()
-        hits = await batcher.search(texts, k)
+        hits = await batcher.search(chosen, texts, k)
         took = (time.perf_counter() - start) * 1000
         return SearchResponse(results=[[HitOut(**h.__dict__) for h in row] for row in hits], took_ms=took)
 
@@ -172,6 +180,15 @@ def create_app(retriever: Retriever, api_key: str | None, limits: Limits = Limit
 
 class _LimitError(ValueError):
     pass
+
+
+def _index_info(retriever: Retriever) -> dict:
+    index = retriever.index
+    return {
+        "type": index.meta.get("backend", index.spec.type),
+        "rows": index.rows,
+        "folder": str(index.folder),
+    }
 
 
 def _check(k: int, texts: list[str], limits: Limits) -> None:

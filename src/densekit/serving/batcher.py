@@ -12,6 +12,7 @@ from densekit.retrieval.retriever import Hit, Retriever
 
 @dataclass
 class _Pending:
+    retriever: Retriever
     texts: list[str]
     k: int
     done: asyncio.Future = field(repr=False)
@@ -19,13 +20,15 @@ class _Pending:
 
 class MicroBatcher:
     """Queues each request's queries; one worker takes the first waiting request, gathers what else
-    arrives within `max_wait_ms` (up to `max_batch` queries), encodes them in one batch off the event
-    loop, and answers every request from it. `batches` counts the encoding batches run so far."""
+    arrives within `max_wait_ms` (up to `max_batch` queries), encodes them in one batch per module off
+    the event loop, and answers every request from it. `batches` counts the encoding batches run so far.
 
-    def __init__(self, retriever: Retriever, max_batch: int = 64, max_wait_ms: float = 5.0):
+    The worker is the only one to encode, so retrievers sharing one encoder with different modules
+    (`serve --module-index`) are safe: it activates each module before encoding its queries."""
+
+    def __init__(self, max_batch: int = 64, max_wait_ms: float = 5.0):
         if max_batch < 1 or max_wait_ms < 0:
             raise ValueError(f"max_batch {max_batch} must be >= 1 and max_wait_ms {max_wait_ms} >= 0")
-        self.retriever = retriever
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
         self.batches = 0
@@ -47,11 +50,11 @@ class MicroBatcher:
             await self._worker
         self._worker = None
 
-    async def search(self, texts: list[str], k: int) -> list[list[Hit]]:
-        """Hits for `texts`, encoded together with whatever other requests are waiting."""
+    async def search(self, retriever: Retriever, texts: list[str], k: int) -> list[list[Hit]]:
+        """`retriever`'s hits for `texts`, encoded together with whatever other requests are waiting."""
         if self._queue is None:
             raise RuntimeError("the batcher is not started")
-        pending = _Pending(texts, k, asyncio.get_running_loop().create_future())
+        pending = _Pending(retriever, texts, k, asyncio.get_running_loop().create_future())
         await self._queue.put(pending)
         return await pending.done
 
@@ -85,11 +88,19 @@ class MicroBatcher:
                     self._queue.task_done()
 
     def _answer(self, batch: list[_Pending]) -> list[list[list[Hit]]]:
-        texts = [text for pending in batch for text in pending.texts]
-        vectors = self.retriever.encode_queries(texts, batch_size=max(len(texts), 1))
-        self.batches += 1
-        answers, start = [], 0
-        for pending in batch:
-            answers.append(self.retriever.hits(vectors[start : start + len(pending.texts)], pending.k))
-            start += len(pending.texts)
-        return answers
+        answers: dict[int, list[list[Hit]]] = {}
+        by_retriever: dict[int, list[int]] = {}
+        for number, pending in enumerate(batch):
+            by_retriever.setdefault(id(pending.retriever), []).append(number)
+        for numbers in by_retriever.values():
+            retriever = batch[numbers[0]].retriever
+            retriever.encoder.activate(retriever.module)
+            texts = [text for n in numbers for text in batch[n].texts]
+            vectors = retriever.encode_queries(texts, batch_size=max(len(texts), 1))
+            self.batches += 1
+            start = 0
+            for n in numbers:
+                size = len(batch[n].texts)
+                answers[n] = retriever.hits(vectors[start : start + size], batch[n].k)
+                start += size
+        return [answers[n] for n in range(len(batch))]
