@@ -48,7 +48,7 @@ class DataSection(Section):
 
 
 class LossSection(Section):
-    """InfoNCE over in-batch and hard negatives."""
+    """InfoNCE over in-batch and hard negatives, and distillation from a teacher's scores."""
 
     temperature: float | None = Field(
         None,
@@ -61,6 +61,24 @@ class LossSection(Section):
         True,
         description="leave a query's other known positives (and copies of its positive) out of its negatives",
     )
+
+    distillation: Literal["none", "margin_mse", "kl"] = Field(
+        "none",
+        description="learn from the examples' teacher_scores: margin_mse (Hofstaetter et al.: the "
+        "student's positive-negative margins regress on the teacher's) or kl (the teacher's softmax over "
+        "the group as the student's target)",
+    )
+    distillation_weight: float = Field(1.0, ge=0, description="the distillation term's weight")
+    contrastive_weight: float = Field(
+        1.0, ge=0, description="InfoNCE's weight; 0 with a distillation trains on the teacher alone"
+    )
+    teacher_temperature: float = Field(1.0, gt=0, description="kl: the teacher's scores are divided by it")
+
+    @model_validator(mode="after")
+    def _something_to_learn(self) -> LossSection:
+        if self.contrastive_weight == 0 and self.distillation == "none":
+            raise ValueError("loss.contrastive_weight 0 with loss.distillation none: nothing to train on")
+        return self
 
     def temperature_for(self, normalized: bool) -> float:
         """The temperature a run uses: the one set, or the default for (un)normalised embeddings."""

@@ -41,6 +41,9 @@ class ContrastiveBatch:
     # (queries x passages) True where a passage is one of the query's known positives but not its
     # target, over the whole global batch when negatives are gathered across processes; None: no mask
     false_negatives: torch.Tensor | None = None
+    # (queries x group_size) the teacher's score of each query's group, positive first; None: no
+    # distillation
+    teacher: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -74,6 +77,32 @@ def contrastive_loss(
     return loss * distributed.gathered_loss_weight() if cross_device else loss
 
 
+def group_scores(queries: torch.Tensor, passages: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Each query's scores for its own group of passages: (queries x group_size), positive first."""
+    if queries.dtype in (torch.float16, torch.bfloat16):
+        queries, passages = queries.float(), passages.float()
+    grouped = passages.view(queries.shape[0], group_size, -1)
+    return torch.einsum("qd,qgd->qg", queries, grouped)
+
+
+def margin_mse_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Hofstaetter et al.'s Margin-MSE: the mean squared difference between the student's and the
+    teacher's margins, positive minus each negative of the group."""
+    return F.mse_loss(student[:, :1] - student[:, 1:], teacher[:, :1] - teacher[:, 1:])
+
+
+def kl_distillation_loss(
+    student: torch.Tensor, teacher: torch.Tensor, temperature: float, teacher_temperature: float
+) -> torch.Tensor:
+    """KL(teacher || student) between the softmaxes over each query's group, averaged over queries."""
+    return F.kl_div(
+        F.log_softmax(student / temperature, dim=-1),
+        F.log_softmax(teacher / teacher_temperature, dim=-1),
+        log_target=True,
+        reduction="batchmean",
+    )
+
+
 class ContrastiveTask:
     """What the trainer needs for contrastive fine-tuning: batches, forward and backward, export."""
 
@@ -103,6 +132,8 @@ class ContrastiveTask:
         self.sampler = GroupSampler(
             examples, config.data.group_size, config.seed, config.data.shortfall, list(texts)
         )
+        if config.loss.distillation != "none":
+            _check_teacher_scores(examples, config)
         left_over = len(examples) % batch
         if left_over:
             log.info(
@@ -133,17 +164,20 @@ class ContrastiveTask:
         rows = local_batch_rows(
             len(self.examples), self.config.optim.batch_size, epoch, step, self.config.seed
         )
-        query_texts, passage_texts = [], []
+        query_texts, passage_texts, teacher = [], [], []
         for index in rows:
             example = self.examples[int(index)]
             positive, negatives = self.sampler.group(int(index), epoch)
             query_texts.append(example.query)
             passage_texts.extend(self.texts[doc_id] for doc_id in [positive, *negatives])
+            if self.config.loss.distillation != "none":
+                teacher.append(_teacher_scores(example, [positive, *negatives]))
         return ContrastiveBatch(
             self.encoder.pad(self.encoder.tokenize(query_texts, "query")),
             self.encoder.pad(self.encoder.tokenize(passage_texts, "passage")),
             self.config.data.group_size,
             self.false_negatives(epoch, step) if self.config.loss.mask_false_negatives else None,
+            torch.tensor(teacher, dtype=torch.float32) if teacher else None,
         )
 
     def false_negatives(self, epoch: int, step: int) -> torch.Tensor | None:
@@ -183,13 +217,34 @@ class ContrastiveTask:
         return encode
 
     def _loss(
-        self, queries: torch.Tensor, passages: torch.Tensor, scale: float, mask: torch.Tensor | None
+        self, queries: torch.Tensor, passages: torch.Tensor, scale: float, batch: ContrastiveBatch
     ) -> torch.Tensor:
-        loss = self.config.loss
-        return scale * contrastive_loss(
-            queries, passages, self.config.data.group_size, self.temperature, loss.cross_device_negatives,
-            mask,
-        )  # fmt: skip
+        """`scale` times the weighted sum of InfoNCE and the distillation term; the unweighted parts
+        are kept in `self.parts` for the log. The distillation term needs only each query's own group,
+        which is on its own process, so it is never gathered."""
+        config = self.config.loss
+        total = torch.zeros((), device=queries.device)
+        self.parts: dict[str, float] = {}
+        if config.contrastive_weight > 0:
+            contrastive = contrastive_loss(
+                queries, passages, self.config.data.group_size, self.temperature,
+                config.cross_device_negatives, batch.false_negatives,
+            )  # fmt: skip
+            weight = distributed.gathered_loss_weight() if config.cross_device_negatives else 1
+            self.parts["loss_contrastive"] = float(contrastive.detach()) / weight
+            total = total + config.contrastive_weight * contrastive
+        if batch.teacher is not None:
+            student = group_scores(queries, passages, self.config.data.group_size)
+            teacher = batch.teacher.to(student.device)
+            if config.distillation == "margin_mse":
+                distilled = margin_mse_loss(student, teacher)
+            else:
+                distilled = kl_distillation_loss(
+                    student, teacher, self.temperature, config.teacher_temperature
+                )
+            self.parts["loss_distillation"] = float(distilled.detach())
+            total = total + config.distillation_weight * distilled
+        return scale * total
 
     def forward_backward(self, batch: ContrastiveBatch, scale: float = 1.0) -> dict[str, float]:
         """Compute the loss of `batch` times `scale` and back-propagate it; returns the unscaled loss."""
@@ -201,16 +256,51 @@ class ContrastiveTask:
                     (encode_queries, split_inputs(batch.queries, cache.chunk_size)),
                     (encode_passages, split_inputs(batch.passages, cache.chunk_size)),
                 ],
-                lambda q, p: self._loss(q, p, scale, batch.false_negatives),
+                lambda q, p: self._loss(q, p, scale, batch),
                 self.encoder.device,
             )
         else:
             queries = encode_queries(batch.queries)[0]
-            loss = self._loss(queries, encode_passages(batch.passages)[0], scale, batch.false_negatives)
+            loss = self._loss(queries, encode_passages(batch.passages)[0], scale, batch)
             loss.backward()
-        weight = distributed.gathered_loss_weight() if self.config.loss.cross_device_negatives else 1
-        return {"loss": float(loss.detach()) / scale / weight}
+        config = self.config.loss
+        if set(self.parts) == {"loss_contrastive"}:
+            return {"loss": self.parts["loss_contrastive"]}
+        total = config.contrastive_weight * self.parts.get("loss_contrastive", 0.0)
+        total += config.distillation_weight * self.parts.get("loss_distillation", 0.0)
+        return {"loss": total, **self.parts}
 
     def export(self, path: Path) -> None:
         """Save the trained encoder as a model folder."""
         self.encoder.save(path)
+
+
+def _check_teacher_scores(examples: list[TrainingExample], config: TrainConfig) -> None:
+    """Before training: every positive and negative of every example has a teacher score, and no
+    group is filled with corpus documents (which have none)."""
+    for line, example in enumerate(examples, start=1):
+        scores = example.teacher_scores or {}
+        missing = [doc for doc in (*example.positives, *example.negatives) if doc not in scores]
+        if missing:
+            raise ValueError(
+                f"{config.data.train}:{line}: query {example.query_id!r} has no teacher score for document "
+                f"{missing[0]!r}; distillation needs one for every positive and negative"
+            )
+        if len(example.negatives) < config.data.group_size - 1 and config.data.shortfall == "random":
+            raise ValueError(
+                f"{config.data.train}:{line}: query {example.query_id!r} is filled with random corpus "
+                "documents (data.shortfall random), which have no teacher scores: use 'repeat' or a "
+                "smaller group"
+            )
+
+
+def _teacher_scores(example: TrainingExample, documents: list[str]) -> list[float]:
+    """The teacher's scores of `documents` for `example`; every one must be there."""
+    scores = example.teacher_scores or {}
+    missing = [doc for doc in documents if doc not in scores]
+    if missing:
+        raise ValueError(
+            f"query {example.query_id!r} has no teacher score for document {missing[0]!r}: distillation "
+            "needs teacher_scores for every positive and negative of the training examples"
+        )
+    return [scores[doc] for doc in documents]
