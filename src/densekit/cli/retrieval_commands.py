@@ -260,9 +260,43 @@ def search(
     log.info("wrote %s (%d queries)", output, len(queries))
 
 
+def rerank(
+    model: Annotated[
+        str, typer.Argument(help="A cross-encoder folder (or an encoder: a new, untrained head).")
+    ],
+    run: Annotated[Path, typer.Argument(help="The TREC run to rerank (BM25, dense, fused...).")],
+    data_dir: DataDirArg,
+    output: OutputOpt,
+    split: SplitOpt = "test",
+    depth: Annotated[int, typer.Option("--depth", min=1, help="Documents reranked per query.")] = 100,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Pairs scored per batch.")] = 32,
+    max_length: Annotated[int | None, typer.Option("--max-length", min=8, help="Tokens per pair.")] = None,
+    device: DeviceOpt = "auto",
+    trust_remote_code: RemoteCodeOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Rerank each query's top DEPTH documents of RUN with a cross-encoder; the documents below keep
+    their order. Equal scores keep the run's order."""
+    from densekit.data.trec import read_run
+    from densekit.diagnostics import Diagnostics
+    from densekit.encoding.device import resolve_device
+    from densekit.models.cross_encoder import CrossEncoder
+    from densekit.retrieval.rerank import rerank_run
+
+    check_file_output(output, RUN_KIND, [run, data_dir, model])
+    dataset = Dataset.open(data_dir)
+    queries, _ = dataset.split_queries(split)
+    first = read_run(run, Diagnostics())
+    cross_encoder = CrossEncoder.load(model, max_length, trust_remote_code).to(resolve_device(device))
+    reranked = rerank_run(cross_encoder, first, queries, dataset.iter_corpus(), depth, batch_size, progress)
+    write_run(output, reranked, tag="rerank", inputs=[run, data_dir, model])
+    log.info("wrote %s (%d queries, top %d reranked)", output, len(reranked), depth)
+
+
 def register(app: typer.Typer) -> None:
     """Add these sub-commands to `app`."""
     app.command("bm25")(bm25)
+    app.command("rerank")(rerank)
     app.command("encode")(encode)
     app.command("index")(index)
     app.command("search")(search)

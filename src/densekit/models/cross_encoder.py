@@ -1,0 +1,113 @@
+"""A cross-encoder: query and passage read together in one sequence, one scalar score.
+
+It is a Hugging Face sequence-classification model with one label: built from any encoder folder (a new
+head, initialised at random, is then trained) or loaded from a cross-encoder folder (sentence-transformers'
+`CrossEncoder` saves this form). Saved as safetensors with its tokenizer, so sentence-transformers'
+`CrossEncoder(path)` loads it and gives the same scores (its `predict` applies a sigmoid unless told
+`activation_fn=torch.nn.Identity()`; the ranking is the same).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+
+from densekit.io.artefact import artefact_dir
+from densekit.models.fingerprint import weights_fingerprint
+from densekit.models.hub import resolve_model_path
+
+log = logging.getLogger("densekit")
+
+KIND = "cross-encoder"
+
+
+class CrossEncoder(torch.nn.Module):
+    """Scores (query, passage) pairs; `max_length` tokens for the pair (the passage is cut first)."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer, max_length: int = 512, source: str = ""):
+        super().__init__()
+        if model.config.num_labels != 1:
+            raise ValueError(
+                f"{source}: a cross-encoder gives one score; this model has {model.config.num_labels} labels"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.source = source
+
+    @classmethod
+    def load(
+        cls, path: str | Path, max_length: int | None = None, trust_remote_code: bool = False
+    ) -> CrossEncoder:
+        """A cross-encoder from a folder (or hub id): a sequence-classification model with one label,
+        or an encoder, which gets a new one-label head (logged)."""
+        folder = resolve_model_path(str(path))
+        model = AutoModelForSequenceClassification.from_pretrained(
+            folder, num_labels=1, trust_remote_code=trust_remote_code
+        )
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        limit = max_length or min(512, int(getattr(model.config, "max_position_embeddings", 512)))
+        return cls(model, tokenizer, limit, str(path))
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are."""
+        return next(self.model.parameters()).device
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor
+    ) -> torch.Tensor:
+        """One score per row."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits[:, 0]
+
+    def tokenize(self, queries: list[str], passages: list[str]) -> list[dict[str, list[int]]]:
+        """Each pair as the model reads it, unpadded, the passage cut first to fit."""
+        encoded = self.tokenizer(queries, passages, truncation="longest_first", max_length=self.max_length)
+        keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoded]
+        return [{k: encoded[k][i] for k in keys} for i in range(len(queries))]
+
+    def score(
+        self,
+        pairs: list[tuple[str, str]],
+        batch_size: int = 32,
+        advance: Callable[[int], None] | None = None,
+    ) -> np.ndarray:
+        """Scores of the pairs in their order; batches are drawn longest first, each padded to its own
+        longest pair."""
+        scores = np.empty(len(pairs), dtype=np.float32)
+        if not pairs:
+            return scores
+        encoded = self.tokenize([q for q, _ in pairs], [p for _, p in pairs])
+        order = np.argsort([-len(e["input_ids"]) for e in encoded], kind="stable")
+        was_training = self.training
+        if was_training:
+            self.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(order), batch_size):
+                    rows = order[start : start + batch_size]
+                    batch = self.tokenizer.pad([encoded[i] for i in rows], return_tensors="pt")
+                    batch = {k: v.to(self.device) for k, v in batch.items()}
+                    scores[rows] = self(**batch).float().cpu().numpy()
+                    if advance is not None:
+                        advance(len(rows))
+        finally:
+            if was_training:
+                self.train()
+        return scores
+
+    def fingerprint(self) -> str:
+        """A digest of the weights and the tokenizer."""
+        return weights_fingerprint([self.model], self.tokenizer)
+
+    def save(self, path: str | Path) -> None:
+        """Save as a Hugging Face folder (safetensors) that sentence-transformers' CrossEncoder loads."""
+        identity = {"weights": self.fingerprint(), "max_length": self.max_length}
+        with artefact_dir(path, KIND, identity, {"source": self.source}) as tmp:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
