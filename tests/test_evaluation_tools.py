@@ -136,15 +136,16 @@ def test_compare_command_writes_its_figures_and_a_plot(tmp_path: Path):
     for name, run in RUNS.items():
         write_run(tmp_path / f"{name}.trec", run)
         paths.append(str(tmp_path / f"{name}.trec"))
-    result = runner.invoke(
-        app, ["compare", str(qrels), *paths, "-m", "RR@10", "--trials", "1000",
-              "--json", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png")],
-    )  # fmt: skip
+    args = ["compare", str(qrels), *paths, "-m", "RR@10", "--trials", "1000",
+            "--json", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png")]  # fmt: skip
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     [saved] = json.loads((tmp_path / "c.json").read_text())
     assert [r["name"] for r in saved["runs"]] == ["better.trec", "partial.trec"]
     assert saved["runs"][0]["mean"] == pytest.approx(1.0)
     assert (tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0, again.output  # its own plot and figures are replaced, not refused
 
 
 # --- fusion ---------------------------------------------------------------------------------------
@@ -188,6 +189,9 @@ def test_fuse_command_writes_the_fused_run(tmp_path: Path):
     assert result.exit_code == 0, result.output
     fused = read_run(tmp_path / "f.trec", Diagnostics())
     assert fused["q"] == pytest.approx({"a": 0.5, "b": 0.25, "c": 0.5, "d": 0.375})
+    for wrong in (["--method", "rrf", "--normalisation", "zscore"], ["--method", "linear", "--k", "10"]):
+        refused = runner.invoke(app, [*args[:-1], str(tmp_path / "g.trec"), *wrong])
+        assert refused.exit_code != 0 and not (tmp_path / "g.trec").exists()
 
 
 # --- benchmark ------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from densekit.data.trec import RUN_KIND, read_qrels, read_run, write_run
 from densekit.diagnostics import Diagnostics
 from densekit.evaluation.measures import SCORES_KIND, parse_measures
 from densekit.io.outputs import check_file_output, write_output_text
+from densekit.plots import PLOT_KIND
 
 log = logging.getLogger("densekit")
 console = Console(soft_wrap=True)
@@ -113,7 +114,7 @@ def compare(
     if len(runs) < 2:
         raise ValueError("give at least two runs to compare")
     inputs = [qrels, *runs]
-    for path, kind in ((json_file, SCORES_KIND), (plot, "plot")):
+    for path, kind in ((json_file, SCORES_KIND), (plot, PLOT_KIND)):
         if path is not None:
             check_file_output(path, kind, inputs)
     measures = measure or ["nDCG@10"]
@@ -145,7 +146,7 @@ def compare(
         text = json.dumps([c.to_json() for c in comparisons], indent=2) + "\n"
         write_output_text(json_file, SCORES_KIND, text, inputs=inputs)
     if plot is not None:
-        plot_differences(comparisons, plot)
+        plot_differences(comparisons, plot, record=True)
         log.info("wrote %s", plot)
 
 
@@ -156,10 +157,11 @@ def fuse(
     weights: Annotated[
         str | None, typer.Option("--weights", help="One weight per run, comma-separated (default: all 1).")
     ] = None,
-    k: Annotated[int, typer.Option("--k", min=0, help="RRF's rank constant.")] = 60,
+    k: Annotated[int | None, typer.Option("--k", min=0, help="rrf: the rank constant (default 60).")] = None,
     normalisation: Annotated[
-        str, typer.Option("--normalisation", help="linear: minmax or zscore, per query and run.")
-    ] = "minmax",
+        str | None,
+        typer.Option("--normalisation", help="linear: minmax (the default) or zscore, per query and run."),
+    ] = None,
     depth: Annotated[int, typer.Option("--depth", min=1, help="Documents kept per query.")] = 1000,
 ) -> None:
     """Fuse runs into one: reciprocal rank fusion (sum of w/(k + rank)) or a weighted sum of scores
@@ -168,6 +170,10 @@ def fuse(
 
     if method not in ("rrf", "linear"):
         raise ValueError(f"--method {method}: use rrf or linear")
+    if method == "rrf" and normalisation is not None:
+        raise ValueError("--normalisation is for --method linear; rrf uses ranks, not scores")
+    if method == "linear" and k is not None:
+        raise ValueError("--k is RRF's constant; --method linear has none")
     check_file_output(output, RUN_KIND, runs)
     parsed = None
     if weights is not None:
@@ -178,9 +184,9 @@ def fuse(
     diagnostics = Diagnostics()
     loaded = [read_run(path, diagnostics) for path in runs]
     if method == "rrf":
-        fused = reciprocal_rank_fusion(loaded, k, parsed, depth)
+        fused = reciprocal_rank_fusion(loaded, 60 if k is None else k, parsed, depth)
     else:
-        fused = linear_fusion(loaded, parsed, normalisation, depth)  # type: ignore[arg-type]
+        fused = linear_fusion(loaded, parsed, normalisation or "minmax", depth)  # type: ignore[arg-type]
     write_run(output, fused, tag=method, inputs=runs)
     log.info("wrote %s (%d queries)", output, len(fused))
 
@@ -206,7 +212,7 @@ def diagnose_negatives_command(
     from densekit.mining.diagnose import diagnose_negatives, plot_negatives
 
     inputs = [*examples, index_dir, model]
-    for path, kind in ((json_file, SCORES_KIND), (plot, "plot")):
+    for path, kind in ((json_file, SCORES_KIND), (plot, PLOT_KIND)):
         if path is not None:
             check_file_output(path, kind, inputs)
     encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
@@ -226,7 +232,7 @@ def diagnose_negatives_command(
         text = json.dumps([r.to_json() for r in reports], indent=2) + "\n"
         write_output_text(json_file, SCORES_KIND, text, inputs=inputs)
     if plot is not None:
-        plot_negatives(reports, plot)
+        plot_negatives(reports, plot, record=True)
         log.info("wrote %s", plot)
 
 

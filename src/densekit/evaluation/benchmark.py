@@ -25,9 +25,9 @@ from densekit.encoding.store import EmbeddingStore, part_stem
 from densekit.evaluation.measures import evaluate, parse_measures
 from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.io.artefact import differences, read_manifest, write_folder_manifest
-from densekit.io.atomic import atomic_file
 from densekit.io.outputs import claim_folder, is_current, write_output_text
 from densekit.models.encoder import DenseEncoder
+from densekit.plots import pyplot, save_png
 from densekit.retrieval.bm25 import BM25Config, BM25Index
 from densekit.retrieval.retriever import Retriever
 
@@ -242,10 +242,7 @@ class _stage:
 
 def plot_benchmark(result: BenchmarkResult, output: Path) -> Path:
     """Bars of the first measure per collection and for the mean, BM25 beside the model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     measure = result.measures[0]
     labels = [c.name for c in result.collections] + ["mean"]
@@ -261,8 +258,4 @@ def plot_benchmark(result: BenchmarkResult, output: Path) -> Path:
     axis.set_title(f"{result.model} against BM25 ({result.split} split)")
     axis.legend(loc="upper right", fontsize=8)
     axis.margins(y=0.15)
-    figure.tight_layout()
-    with atomic_file(output, "wb", encoding=None) as handle:
-        figure.savefig(handle, format="png", dpi=100)
-    plt.close(figure)
-    return Path(output)
+    return save_png(figure, output)

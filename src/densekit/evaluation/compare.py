@@ -10,7 +10,7 @@ import numpy as np
 
 from densekit.data.records import Qrels, Run
 from densekit.evaluation.significance import DEFAULT_TRIALS, PairedTest, holm, paired_test, per_query
-from densekit.io.atomic import atomic_file
+from densekit.plots import pyplot, save_png
 
 
 @dataclass(frozen=True)
@@ -77,13 +77,10 @@ def _mean(values: dict[str, float]) -> float:
     return float(np.mean(list(values.values()))) if values else 0.0
 
 
-def plot_differences(comparisons: list[MeasureComparison], output: Path) -> Path:
+def plot_differences(comparisons: list[MeasureComparison], output: Path, record: bool = False) -> Path:
     """Per measure (rows) and run against the first (columns), each query's difference as a bar,
-    sorted: wins above zero in green, losses below in red."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    sorted: wins above zero in green, losses below in red; `record`: see `save_png`."""
+    plt = pyplot()
 
     rows, columns = len(comparisons), len(comparisons[0].arms)
     figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 2.8 * rows), squeeze=False, sharey="row")
@@ -104,8 +101,4 @@ def plot_differences(comparisons: list[MeasureComparison], output: Path) -> Path
             )
             axis.set_xlabel("queries, sorted by difference")
             axis.set_xlim(-0.5, len(diffs) - 0.5)
-    figure.tight_layout()
-    with atomic_file(output, "wb", encoding=None) as handle:
-        figure.savefig(handle, format="png", dpi=100)
-    plt.close(figure)
-    return Path(output)
+    return save_png(figure, output, record)

@@ -14,8 +14,8 @@ from densekit.data.examples import TrainingExample, read_examples
 from densekit.diagnostics import DataError, Diagnostics, Problem
 from densekit.encoding.embed import embed_texts
 from densekit.index.faiss_index import SearchIndex
-from densekit.io.atomic import atomic_file
 from densekit.models.encoder import DenseEncoder
+from densekit.plots import pyplot, save_png
 from densekit.progress import progress_bar
 from densekit.retrieval.dense import check_compatible
 
@@ -114,12 +114,10 @@ def _score(stored: faiss.Index, rows: list[int], query: np.ndarray) -> float:
     return float((vectors @ query).max())
 
 
-def plot_negatives(reports: list[NegativesReport], output: Path) -> Path:
-    """The share in the dense top k and the mean margin, one point per examples file, in order."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_negatives(reports: list[NegativesReport], output: Path, record: bool = False) -> Path:
+    """The share in the dense top k and the mean margin, one point per examples file, in order;
+    `record`: see `save_png`."""
+    plt = pyplot()
 
     figure, (share_axis, margin_axis) = plt.subplots(1, 2, figsize=(10, 3.6))
     x = np.arange(len(reports))
@@ -131,8 +129,4 @@ def plot_negatives(reports: list[NegativesReport], output: Path) -> Path:
     for axis in (share_axis, margin_axis):
         axis.set_xticks(x, [r.name for r in reports], rotation=30, ha="right", fontsize=8)
         axis.grid(alpha=0.3)
-    figure.tight_layout()
-    with atomic_file(output, "wb", encoding=None) as handle:
-        figure.savefig(handle, format="png", dpi=100)
-    plt.close(figure)
-    return Path(output)
+    return save_png(figure, output, record)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from densekit.io.atomic import atomic_file
+from densekit.plots import pyplot, save_png
 
 LOG_FILE = "train_log.jsonl"
 PLOT_FILE = "training_curves.png"
@@ -41,10 +42,7 @@ class TrainingLog:
 
 def plot_curves(log_path: Path, output: Path, title: str = "training") -> Path | None:
     """Plot every numeric series of a training log against the step; None when there is nothing yet."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     if not Path(log_path).is_file():
         return None
@@ -75,8 +73,4 @@ def plot_curves(log_path: Path, output: Path, title: str = "training") -> Path |
     for axis in list(axes.flat)[len(names) :]:
         axis.axis("off")
     figure.suptitle(title)
-    figure.tight_layout()
-    with atomic_file(output, "wb", encoding=None) as handle:
-        figure.savefig(handle, format="png", dpi=100)
-    plt.close(figure)
-    return Path(output)
+    return save_png(figure, output)
