@@ -45,6 +45,13 @@ class DataSection(Section):
     shortfall: Shortfall = Field(
         "error", description="examples with too few negatives: error, repeat, random"
     )
+    length_grouping: int | None = Field(
+        None,
+        ge=1,
+        description="batches per length bucket: each bucket of that many batches' random examples is "
+        "sorted by passage length and cut into batches, which are then shuffled (less padding); none: "
+        "random batches",
+    )
 
 
 class LossSection(Section):

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -26,7 +27,7 @@ from densekit.training import distributed
 from densekit.training.config import INNER_PRODUCT_TEMPERATURE, NORMALIZED_TEMPERATURE, TrainConfig
 from densekit.training.grad_cache import cached_backward, split_inputs
 from densekit.training.groups import GroupSampler
-from densekit.training.sampling import global_batch_rows, local_batch_rows
+from densekit.training.sampling import LengthGrouping, global_batch_rows, local_batch_rows
 
 log = logging.getLogger("densekit")
 
@@ -132,6 +133,8 @@ class ContrastiveTask:
         self.sampler = GroupSampler(
             examples, config.data.group_size, config.seed, config.data.shortfall, list(texts)
         )
+        self._token_counts: dict[str, int] = {}
+        self._grouping: tuple[int, LengthGrouping] | None = None
         if config.loss.distillation != "none":
             _check_teacher_scores(examples, config)
         left_over = len(examples) % batch
@@ -154,6 +157,7 @@ class ContrastiveTask:
             self.config.data.shortfall,
             list(self.texts),
         )
+        self._grouping = None
 
     def steps_per_epoch(self) -> int:
         """Global batches per epoch."""
@@ -162,8 +166,9 @@ class ContrastiveTask:
     def batch(self, epoch: int, step: int) -> ContrastiveBatch:
         """This process's part of global batch `step` of `epoch`."""
         rows = local_batch_rows(
-            len(self.examples), self.config.optim.batch_size, epoch, step, self.config.seed
-        )
+            len(self.examples), self.config.optim.batch_size, epoch, step, self.config.seed,
+            self.length_grouping(epoch),
+        )  # fmt: skip
         query_texts, passage_texts, teacher = [], [], []
         for index in rows:
             example = self.examples[int(index)]
@@ -180,12 +185,29 @@ class ContrastiveTask:
             torch.tensor(teacher, dtype=torch.float32) if teacher else None,
         )
 
+    def length_grouping(self, epoch: int) -> LengthGrouping | None:
+        """With `data.length_grouping`, each example's length in `epoch`: the token count (after
+        truncation) of the longest passage of its group, which is what the batch is padded to."""
+        bucket_batches = self.config.data.length_grouping
+        if bucket_batches is None:
+            return None
+        if self._grouping is None or self._grouping[0] != epoch:
+            groups = [self.sampler.group(i, epoch) for i in range(len(self.examples))]
+            unknown = sorted({d for p, negs in groups for d in [p, *negs]} - self._token_counts.keys())
+            counts = self.encoder.tokenize([self.texts[d] for d in unknown], "passage") if unknown else []
+            self._token_counts.update((d, len(ids)) for d, ids in zip(unknown, counts, strict=True))
+            lengths = np.array([max(self._token_counts[d] for d in [p, *negs]) for p, negs in groups])
+            self._grouping = (epoch, LengthGrouping(lengths, bucket_batches))
+        return self._grouping[1]
+
     def false_negatives(self, epoch: int, step: int) -> torch.Tensor | None:
         """Where a passage of the batch is a known positive of a query other than its target: over the
         global batch when negatives are gathered across processes, else this process's part; None
         when there is no such passage. Every process computes it alike from (seed, epoch, step)."""
         optim = self.config.optim
-        rows = global_batch_rows(len(self.examples), optim.batch_size, epoch, step, self.config.seed)
+        rows = global_batch_rows(
+            len(self.examples), optim.batch_size, epoch, step, self.config.seed, self.length_grouping(epoch)
+        )
         if not self.config.loss.cross_device_negatives:
             local = len(rows) // distributed.world_size()
             rows = rows[distributed.rank() * local : (distributed.rank() + 1) * local]

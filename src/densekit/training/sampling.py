@@ -1,29 +1,78 @@
 """Which examples make up each batch: a seeded shuffle per epoch, cut into global batches in order.
 
+With length grouping, the shuffled examples are cut into buckets of `bucket_batches` batches; each
+bucket is sorted by length and cut into batches, and the batches of all buckets are shuffled: a batch
+holds examples of similar length (little padding) drawn from a random part of the collection, so its
+in-batch negatives stay random across the collection. (Hugging Face's LengthGroupedSampler does the
+same for one process; it is not used because it draws from torch's global generator and knows nothing
+of global batches shared between processes.)
+
 Under several processes, each takes its contiguous slice of the global batch. Everything depends only
-on (seed, epoch, step), so a resumed run and a run on another number of processes see the same
-global batches.
+on (seed, epoch, step) and the lengths, so a resumed run and a run on another number of processes see
+the same global batches.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from densekit.training import distributed
 
 
-def global_batch_rows(example_count: int, batch_size: int, epoch: int, step: int, seed: int) -> np.ndarray:
+@dataclass(frozen=True)
+class LengthGrouping:
+    """Each example's length this epoch, and how many batches a bucket of similar lengths spans."""
+
+    lengths: np.ndarray
+    bucket_batches: int
+
+
+def epoch_order(
+    example_count: int, batch_size: int, epoch: int, seed: int, grouping: LengthGrouping | None = None
+) -> np.ndarray:
+    """Example indices of `epoch` in training order; without grouping every example once, with it those
+    of the full batches (the shortest of the last bucket are left over instead of the last ones)."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(example_count)
+    if grouping is None:
+        return order
+    if len(grouping.lengths) != example_count:
+        raise ValueError(f"{len(grouping.lengths)} lengths for {example_count} examples")
+    span = batch_size * grouping.bucket_batches
+    buckets = [order[start : start + span] for start in range(0, example_count, span)]
+    grouped = np.concatenate([b[np.argsort(-grouping.lengths[b], kind="stable")] for b in buckets])
+    batches = grouped[: (example_count // batch_size) * batch_size].reshape(-1, batch_size)
+    return batches[rng.permutation(len(batches))].reshape(-1)
+
+
+def global_batch_rows(
+    example_count: int,
+    batch_size: int,
+    epoch: int,
+    step: int,
+    seed: int,
+    grouping: LengthGrouping | None = None,
+) -> np.ndarray:
     """Example indices of global batch `step` in `epoch`."""
-    order = np.random.default_rng([seed, epoch]).permutation(example_count)
+    order = epoch_order(example_count, batch_size, epoch, seed, grouping)
     return order[step * batch_size : (step + 1) * batch_size]
 
 
-def local_batch_rows(example_count: int, batch_size: int, epoch: int, step: int, seed: int) -> np.ndarray:
+def local_batch_rows(
+    example_count: int,
+    batch_size: int,
+    epoch: int,
+    step: int,
+    seed: int,
+    grouping: LengthGrouping | None = None,
+) -> np.ndarray:
     """This process's slice of global batch `step` in `epoch`."""
     world = distributed.world_size()
     if batch_size % world:
         raise ValueError(f"batch size {batch_size} is not divisible by the {world} processes")
     local = batch_size // world
-    rows = global_batch_rows(example_count, batch_size, epoch, step, seed)
+    rows = global_batch_rows(example_count, batch_size, epoch, step, seed, grouping)
     start = distributed.rank() * local
     return rows[start : start + local]

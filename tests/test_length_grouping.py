@@ -1,0 +1,77 @@
+"""Length-grouped batching: every example once per epoch, less padding, exact resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import safetensors.torch
+import torch
+
+from densekit.fine_tuning import run_training
+from densekit.training.sampling import LengthGrouping, epoch_order, global_batch_rows
+
+from .test_training import final_weights, killed_at_step_five, make_config, make_task
+
+
+def padded_tokens(order: np.ndarray, lengths: np.ndarray, batch: int) -> int:
+    return int(sum(lengths[b].max() * batch for b in order.reshape(-1, batch)))
+
+
+def test_grouped_batches_cover_every_example_once_and_pad_less_than_random_ones():
+    lengths = np.random.default_rng(0).integers(5, 256, size=96)
+    grouping = LengthGrouping(lengths, bucket_batches=4)
+    for epoch in range(3):
+        order = epoch_order(96, 8, epoch, seed=7, grouping=grouping)
+        assert sorted(order.tolist()) == list(range(96))
+        random_order = epoch_order(96, 8, epoch, seed=7)
+        assert padded_tokens(order, lengths, 8) < 0.8 * padded_tokens(random_order, lengths, 8)
+    assert not np.array_equal(
+        epoch_order(96, 8, 0, 7, grouping), epoch_order(96, 8, 1, 7, grouping)
+    )  # each epoch has its own batches
+
+
+def test_with_a_partial_batch_left_over_no_example_repeats_and_full_batches_fill_the_epoch():
+    lengths = np.arange(101)
+    order = epoch_order(101, 8, 0, seed=3, grouping=LengthGrouping(lengths, bucket_batches=3))
+    assert len(order) == 96 and len(set(order.tolist())) == 96
+
+
+def test_a_batch_draws_from_a_bucket_of_random_examples_not_from_the_sorted_collection():
+    lengths = np.arange(800)
+    order = epoch_order(800, 8, 0, seed=1, grouping=LengthGrouping(lengths, bucket_batches=4))
+    first_bucket = set(np.random.default_rng([1, 0]).permutation(800)[:32].tolist())
+    batches = order.reshape(-1, 8)
+    holding = [b for b in batches if set(b.tolist()) <= first_bucket]
+    assert len(holding) == 4  # the first bucket's 32 random examples make exactly four batches
+    assert all(np.all(np.diff(lengths[b]) <= 0) for b in holding)
+
+
+def test_the_task_groups_by_the_longest_passage_of_each_examples_group(collection, tiny_model: Path):
+    config = make_config(collection, tiny_model, data={"length_grouping": 2})
+    task = make_task(config)
+    grouping = task.length_grouping(0)
+    assert grouping is not None and grouping.bucket_batches == 2
+    for index in (0, len(task.examples) - 1):
+        positive, negatives = task.sampler.group(index, 0)
+        counts = task.encoder.tokenize([task.texts[d] for d in [positive, *negatives]], "passage")
+        assert grouping.lengths[index] == max(len(ids) for ids in counts)
+    steps = task.steps_per_epoch()
+    rows = [global_batch_rows(len(task.examples), 4, 0, step, config.seed, grouping) for step in range(steps)]
+    seen = np.concatenate(rows).tolist()
+    assert len(seen) == len(set(seen)) == steps * 4
+
+
+def test_a_killed_length_grouped_run_resumes_to_the_same_weights(
+    collection, tiny_model: Path, tmp_path: Path, monkeypatch
+):
+    config = make_config(collection, tiny_model, data={"length_grouping": 2})
+    run_training(config, tmp_path / "straight", show_progress=False)
+    killed_at_step_five(monkeypatch, config, tmp_path / "resumed")
+    run_training(config, tmp_path / "resumed", resume=True, show_progress=False)
+    straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+    run_training(make_config(collection, tiny_model), tmp_path / "random", show_progress=False)
+    random = safetensors.torch.load_file(str(tmp_path / "random" / "model" / "model.safetensors"))
+    assert any(not torch.equal(random[k], straight[k]) for k in straight)  # grouping changed the batches
