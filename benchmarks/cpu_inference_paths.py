@@ -30,10 +30,10 @@ Run from the repository root (with `onnx` and `onnxruntime` in the project's env
 
     .venv/bin/python -m benchmarks.cpu_inference_paths --peer-onnx-python ../peer-onnx/bin/python
 
-(defaults: --docs 300 --rounds 3). The stored results came from a shorter run on a shared 2-core machine:
+(defaults: --docs 300 --rounds 3). The stored results came from a shorter run:
 
-    .venv/bin/python -m benchmarks.cpu_inference_paths --peer-onnx-python /work/peer-onnx/bin/python \
-        --docs 80 --rounds 3 --bf16-rounds 1
+    .venv/bin/python -m benchmarks.cpu_inference_paths --peer-onnx-python ../peer-onnx/bin/python \
+        --docs 200 --rounds 3 --bf16-rounds 1
 """
 
 from __future__ import annotations
