@@ -50,12 +50,14 @@ KINDS = {
     "sparse-diff": {"type": "sparse_diff", "density": 0.05},
     "separate-lora": {"type": "lora", "rank": 4, "towers": "separate"},
 }
+QUERY_ONLY = {"query-lora": {"type": "lora", "rank": 4, "towers": "query"},
+              "query-adapter": {"type": "adapter", "bottleneck": 8, "towers": "query"}}  # fmt: skip
 # kinds whose added output is zero until trained (prefix and prompt tuning add inputs instead)
 ZERO_AT_START = ["lora", "ia3", "adapter", "parallel-adapter", "bitfit", "sparse-diff", "separate-lora"]
 
 
 def spec_of(kind: str, name: str | None = None):
-    return SPEC.validate_python({**KINDS[kind], "name": name or kind})
+    return SPEC.validate_python({**{**KINDS, **QUERY_ONLY}[kind], "name": name or kind})
 
 
 def embeddings(encoder: DenseEncoder, kind: str = "passage") -> np.ndarray:
@@ -133,6 +135,27 @@ def test_save_then_load_gives_the_same_embeddings_and_the_base_stays_bit_identic
     assert all(torch.equal(state[k], base_state[k]) for k in base_state)
     encoder.activate(None)
     assert np.array_equal(embeddings(encoder), base)
+
+
+@pytest.mark.parametrize("kind", list(QUERY_ONLY))
+def test_a_query_only_module_leaves_passages_to_the_base_and_saves_only_its_query_side(
+    encoder: DenseEncoder, kind: str, tmp_path: Path
+):
+    base_passages, base_queries = embeddings(encoder), embeddings(encoder, "query")
+    put_module(encoder, kind)
+    assert np.array_equal(embeddings(encoder), base_passages)
+    live_queries = embeddings(encoder, "query")
+    assert np.abs(live_queries - base_queries).max() > 1e-3
+    assert not any(p.requires_grad for p in encoder.passage_backbone.parameters())
+    encoder.save(tmp_path / "module")
+    assert sorted(p.name for p in (tmp_path / "module").iterdir() if p.is_dir()) == ["query"]
+    loaded = DenseEncoder.load(tmp_path / "module").eval()
+    assert np.array_equal(embeddings(loaded, "query"), live_queries)
+    assert np.array_equal(embeddings(loaded), base_passages)
+    if kind == "query-lora":
+        merged = merged_encoder(encoder).eval()
+        assert np.abs(embeddings(merged, "query") - live_queries).max() < 1e-5
+        assert np.abs(embeddings(merged) - base_passages).max() < 1e-5
 
 
 def test_one_base_holds_several_modules_and_switches_between_them(encoder: DenseEncoder, tmp_path: Path):

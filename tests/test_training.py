@@ -163,8 +163,9 @@ def final_weights(output: Path) -> dict[str, torch.Tensor]:
     return safetensors.torch.load_file(str(output / "model" / "model.safetensors"))
 
 
-def killed_at_step_five(monkeypatch, config: TrainConfig, output: Path) -> None:
-    """Train into `output` until an interruption as step 5 begins (after the step-3 checkpoint)."""
+def killed_at_step_five(monkeypatch, config, output: Path, run=run_training) -> None:
+    """Train into `output` with `run` until an interruption as step 5 begins (after the step-3
+    checkpoint)."""
     real_step = Trainer._one_step
 
     def interrupted(self):
@@ -175,7 +176,7 @@ def killed_at_step_five(monkeypatch, config: TrainConfig, output: Path) -> None:
     with monkeypatch.context() as patch:
         patch.setattr(Trainer, "_one_step", interrupted)
         with pytest.raises(KeyboardInterrupt):
-            run_training(config, output, show_progress=False)
+            run(config, output, show_progress=False)
 
 
 def test_killed_run_resumes_to_the_same_weights(collection, tiny_model: Path, tmp_path: Path, monkeypatch):

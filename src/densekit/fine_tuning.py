@@ -1,5 +1,6 @@
 """`densekit train`: a contrastive fine-tuning run, with evaluation and ANCE's refreshed negatives,
-assembled from the trainer, the contrastive task and the ANCE hook."""
+assembled from the trainer, the contrastive task and the ANCE hook; and `densekit train-cross-encoder`,
+the same trainer on the listwise cross-encoder task."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from typing import Any
 
 from densekit.ance.hook import AnceHook
 from densekit.data.dataset import Dataset
-from densekit.data.examples import check_example_ids, read_examples
+from densekit.data.examples import TrainingExample, check_example_ids, read_examples
+from densekit.data.records import Document
 from densekit.diagnostics import Diagnostics
+from densekit.models.cross_encoder import CrossEncoder
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.module import is_module_folder
 from densekit.retrieval.in_memory import evaluate_encoder
-from densekit.training.config import TrainConfig
+from densekit.training.config import CrossEncoderTrainConfig, DataSection, TrainConfig
 from densekit.training.contrastive import ContrastiveTask
+from densekit.training.listwise import CrossEncoderTask
 from densekit.training.modules import prepare_module
 from densekit.training.run import start_run
 from densekit.training.trainer import EvaluationHook, Trainer
@@ -23,6 +27,17 @@ from densekit.training.trainer import EvaluationHook, Trainer
 log = logging.getLogger("densekit")
 
 RUN_KIND = "training run"
+CROSS_ENCODER_RUN_KIND = "cross-encoder training run"
+
+
+def read_training_inputs(data: DataSection) -> tuple[Dataset, list[Document], list[TrainingExample]]:
+    """The collection, its documents and the training examples, checked (every id in the corpus)."""
+    dataset = Dataset.open(data.path)
+    documents = list(dataset.iter_corpus())
+    diagnostics = Diagnostics()
+    examples = read_examples(Path(data.train), diagnostics)
+    check_example_ids(Path(data.train), examples, {doc.id for doc in documents}, diagnostics)
+    return dataset, documents, examples
 
 
 def run_training(
@@ -39,12 +54,8 @@ def run_training(
     `densekit.training.run_folder.prepare_run_folder`).
     """
     output = Path(output)
-    dataset = Dataset.open(config.data.path)
-    documents = list(dataset.iter_corpus())
+    dataset, documents, examples = read_training_inputs(config.data)
     texts = {doc.id: doc.full_text for doc in documents}
-    diagnostics = Diagnostics()
-    examples = read_examples(Path(config.data.train), diagnostics)
-    check_example_ids(Path(config.data.train), examples, texts, diagnostics)
     evaluation_split = dataset.split_queries(config.eval.split) if config.eval.split is not None else None
 
     if config.modules is None and is_module_folder(config.model.path):
@@ -80,4 +91,27 @@ def run_training(
         task, config.optim, config.checkpoint, output, config_yaml, config.log_every, evaluation,
         show_progress, hooks,
     )  # fmt: skip
+    return trainer.train(resume=resumed)
+
+
+def run_cross_encoder_training(
+    config: CrossEncoderTrainConfig,
+    output: Path,
+    resume: bool | None = False,
+    show_progress: bool = True,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Train a cross-encoder as `config` says; it is saved to `output/model`. `resume` and `overwrite`
+    are those of `run_training`."""
+    output = Path(output)
+    _, documents, examples = read_training_inputs(config.data)
+    texts = {doc.id: doc.full_text for doc in documents}
+    device, config_yaml, resumed = start_run(config, output, CROSS_ENCODER_RUN_KIND, resume, overwrite)
+    cross_encoder = CrossEncoder.load(
+        config.model.path, config.model.max_length, config.model.trust_remote_code
+    ).to(device)
+    task = CrossEncoderTask(cross_encoder, examples, texts, config)
+    trainer = Trainer(
+        task, config.optim, config.checkpoint, output, config_yaml, config.log_every, None, show_progress
+    )
     return trainer.train(resume=resumed)

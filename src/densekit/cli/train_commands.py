@@ -1,4 +1,4 @@
-"""`densekit train`, `mine`, `pretrain` and `ance-infer`."""
+"""`densekit train`, `train-cross-encoder`, `mine`, `pretrain` and `ance-infer`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from densekit.cli.options import BatchOpt, DataDirArg, DeviceOpt, ModuleOpt, OverwriteOpt, ProgressOpt
+from densekit.cli.options import (
+    BatchOpt,
+    DataDirArg,
+    DeviceOpt,
+    ModuleOpt,
+    OverwriteOpt,
+    ProgressOpt,
+    RemoteCodeOpt,
+)
 
 ResumeOpt = Annotated[
     bool,
@@ -53,6 +61,28 @@ def train(
     run_training(
         load_config(config, TrainConfig, extra), out, resume=resume, show_progress=progress,
         overwrite=overwrite,
+    )  # fmt: skip
+
+
+def train_cross_encoder(
+    config: Annotated[Path, typer.Argument(help="A YAML cross-encoder config (see docs/reranking.md).")],
+    out: Annotated[Path, typer.Option("--out", help="Where checkpoints, logs and the cross-encoder go.")],
+    overrides: OverridesArg = None,
+    resume: ResumeOpt = False,
+    overwrite: OverwriteOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Train a cross-encoder (reranker) on training examples: a listwise softmax over each query's
+    positive and hard negatives. The model is saved to OUT/model, a folder sentence-transformers'
+    CrossEncoder loads. --resume and --overwrite are those of `densekit train`.
+    """
+    from densekit.configuration import load_config
+    from densekit.fine_tuning import run_cross_encoder_training
+    from densekit.training.config import CrossEncoderTrainConfig
+
+    run_cross_encoder_training(
+        load_config(config, CrossEncoderTrainConfig, list(overrides or [])), out, resume=resume,
+        show_progress=progress, overwrite=overwrite,
     )  # fmt: skip
 
 
@@ -132,6 +162,35 @@ def mine(
     Console(stderr=True).print_json(data=report)
 
 
+def score(
+    model: Annotated[str, typer.Argument(help="The teacher: a cross-encoder folder (or hub id).")],
+    examples: Annotated[Path, typer.Argument(help="Training examples (JSONL), e.g. from `densekit mine`.")],
+    data_dir: DataDirArg,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="The scored examples to write (JSONL, a new file).")
+    ],
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Pairs scored per batch.")] = 32,
+    chunk: Annotated[
+        int, typer.Option("--chunk", min=1, help="Examples scored between two saves of the progress.")
+    ] = 64,
+    max_length: Annotated[int | None, typer.Option("--max-length", min=8, help="Tokens per pair.")] = None,
+    device: DeviceOpt = "auto",
+    trust_remote_code: RemoteCodeOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Add a teacher's scores to training examples: the cross-encoder's score of each query with every
+    positive and negative, in `teacher_scores`, for distillation (loss.distillation). A killed run
+    continues where it stopped when run again with the same arguments.
+    """
+    from densekit.data.dataset import Dataset
+    from densekit.encoding.device import resolve_device
+    from densekit.mining.teacher import score_examples
+    from densekit.models.cross_encoder import CrossEncoder
+
+    teacher = CrossEncoder.load(model, max_length, trust_remote_code).to(resolve_device(device))
+    score_examples(teacher, examples, Dataset.open(data_dir), output, batch_size, chunk, progress)
+
+
 def pretrain(
     config: Annotated[Path, typer.Argument(help="A YAML pre-training config (see docs/pretraining.md).")],
     out: Annotated[Path, typer.Option("--out", help="Where checkpoints, logs and the encoder go.")],
@@ -181,6 +240,8 @@ def ance_infer(
 def register(app: typer.Typer) -> None:
     """Add these sub-commands to `app`."""
     app.command("train")(train)
+    app.command("train-cross-encoder")(train_cross_encoder)
     app.command("mine")(mine)
+    app.command("score")(score)
     app.command("pretrain")(pretrain)
     app.command("ance-infer")(ance_infer)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -87,11 +88,16 @@ def check_example_ids(
 EXAMPLES_KIND = "training examples"
 
 
-def write_examples(path: Path, examples: Iterable[TrainingExample], inputs: Iterable[Path | str] = ()) -> int:
-    """Write examples atomically, one a line, as a file output (see `densekit.io.outputs`); returns
-    how many."""
+def write_examples(
+    path: Path,
+    examples: Iterable[TrainingExample],
+    inputs: Iterable[Path | str] = (),
+    identity: dict[str, Any] | None = None,
+) -> int:
+    """Write examples atomically, one a line, as a file output (see `densekit.io.outputs`) recording
+    `identity`; returns how many."""
     count = 0
-    with output_file(path, EXAMPLES_KIND, inputs=inputs) as handle:
+    with output_file(path, EXAMPLES_KIND, identity, inputs=inputs) as handle:
         for example in examples:
             handle.write(example.model_dump_json(exclude_none=True) + "\n")
             count += 1

@@ -155,12 +155,27 @@ class EmbeddingStore:
                 )  # fmt: skip
             part.verify()
             if len(part.ids()) != int(part.meta["rows"]):
-                raise DataError([Problem(part.stem.with_suffix(".ids"), None, f"{len(part.ids())} ids for "
-                                         f"{part.meta['rows']} rows")])
+                raise DataError(
+                    [
+                        Problem(
+                            part.stem.with_suffix(".ids"),
+                            None,
+                            f"{len(part.ids())} ids for {part.meta['rows']} rows",
+                        )
+                    ]
+                )
             shape = part.vectors().shape
             if shape != (int(part.meta["rows"]), int(part.meta["dimension"])):
-                raise DataError([Problem(part.stem.with_suffix(".npy"), None, f"holds {shape} vectors, "
-                                         f"not the {part.meta['rows']} x {part.meta['dimension']} recorded")])
+                raise DataError(
+                    [
+                        Problem(
+                            part.stem.with_suffix(".npy"),
+                            None,
+                            f"holds {shape} vectors, "
+                            f"not the {part.meta['rows']} x {part.meta['dimension']} recorded",
+                        )
+                    ]
+                )
         return cls(folder, parts, manifest.identity, manifest.about)
 
     @property

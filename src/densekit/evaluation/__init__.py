@@ -10,5 +10,10 @@ from densekit.evaluation.measures import (
 )
 
 __all__ = [
-    "DEFAULT_MEASURES", "PER_QUERY_KIND", "SCORES_KIND", "evaluate", "evaluate_per_query", "parse_measures",
+    "DEFAULT_MEASURES",
+    "PER_QUERY_KIND",
+    "SCORES_KIND",
+    "evaluate",
+    "evaluate_per_query",
+    "parse_measures",
 ]

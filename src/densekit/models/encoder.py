@@ -163,10 +163,15 @@ class DenseEncoder(torch.nn.Module):
 
     def activate(self, name: str | None) -> None:
         """Encode with the module called `name`, or with the base alone (None)."""
-        if name is not None and name not in self.attached:
+        if name is not None:
+            self.require_module(name)
+        self.active = name
+
+    def require_module(self, name: str) -> None:
+        """Refuse a name no module on this encoder has."""
+        if name not in self.attached:
             held = ", ".join(self.attached) or "none"
             raise KeyError(f"no module called {name!r} on this encoder (it holds: {held})")
-        self.active = name
 
     @property
     def module(self) -> EncoderModule | None:
@@ -229,8 +234,17 @@ class DenseEncoder(torch.nn.Module):
         return self._prompt_lengths[prefix]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind) -> torch.Tensor:
-        """Vectors for a padded batch of `kind` texts."""
-        module = self.module
+        """Vectors for a padded batch of `kind` texts, by the active module."""
+        return self.encode_with(self.active, input_ids, attention_mask, kind)
+
+    def encode_with(
+        self, module_name: str | None, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind
+    ) -> torch.Tensor:
+        """Vectors for a padded batch of `kind` texts by the module called `module_name` (None: the base
+        alone), whichever module is active."""
+        if module_name is not None:
+            self.require_module(module_name)
+        module = None if module_name is None else self.attached[module_name]
         if module is None:
             hidden = self.backbone(kind)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         else:

@@ -16,17 +16,20 @@ from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.device import resolve_device
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
-from densekit.fine_tuning import run_training
+from densekit.fine_tuning import run_cross_encoder_training, run_training
 from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.io.outputs import check_file_output, write_output_text
 from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
+from densekit.mining.teacher import score_examples
 from densekit.models import DenseEncoder
+from densekit.models.cross_encoder import CrossEncoder
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
 from densekit.retrieval.bm25 import BM25Config, BM25Index
+from densekit.retrieval.rerank import rerank_run
 from densekit.retrieval.retriever import Retriever
-from densekit.training.config import RunConfig, TrainConfig
+from densekit.training.config import CrossEncoderTrainConfig, RunConfig, TrainConfig
 
 
 class Step(BaseModel):
@@ -93,6 +96,17 @@ class TrainStep(TrainerStep):
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Train to the end (resuming if the step was started before)."""
         run_training(self.validated(device), Path(self.output), None, show_progress, overwrite)
+
+
+class TrainCrossEncoderStep(TrainerStep):
+    """`densekit train-cross-encoder`."""
+
+    type: Literal["train_cross_encoder"]
+    config_type: ClassVar[type[RunConfig]] = CrossEncoderTrainConfig
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
+        """Train the cross-encoder to the end (resuming if the step was started before)."""
+        run_cross_encoder_training(self.validated(device), Path(self.output), None, show_progress, overwrite)
 
 
 class PretrainStep(TrainerStep):
@@ -195,6 +209,54 @@ class BM25Step(Step):
         )
 
 
+class RerankStep(Step):
+    """`densekit rerank`."""
+
+    type: Literal["rerank"]
+    model: str
+    run_file: str = Field(alias="run")
+    data: str
+    split: str = "test"
+    output: str
+    depth: int = Field(100, ge=1)
+    batch_size: int = 32
+
+    def inputs(self) -> list[str]:
+        return [self.model, self.run_file, self.data]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
+        """Rerank the run's top documents and write the new run."""
+        check_file_output(self.output, RUN_KIND, self.inputs())
+        dataset = Dataset.open(self.data)
+        queries, _ = dataset.split_queries(self.split)
+        cross_encoder = CrossEncoder.load(self.model).to(resolve_device(device))
+        first = read_run(Path(self.run_file), Diagnostics())
+        reranked = rerank_run(
+            cross_encoder, first, queries, dataset.iter_corpus(), self.depth, self.batch_size, show_progress
+        )
+        write_run(Path(self.output), reranked, tag="rerank", inputs=self.inputs())
+
+
+class ScoreStep(Step):
+    """`densekit score`; resumes by itself."""
+
+    type: Literal["score"]
+    model: str
+    examples: str
+    data: str
+    output: str
+    batch_size: int = 32
+
+    def inputs(self) -> list[str]:
+        return [self.model, self.examples, self.data]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
+        """Add the teacher's scores to the examples."""
+        teacher = CrossEncoder.load(self.model).to(resolve_device(device))
+        score_examples(teacher, Path(self.examples), Dataset.open(self.data), Path(self.output),
+                       self.batch_size, show_progress=show_progress)  # fmt: skip
+
+
 class EvaluateStep(Step):
     """`densekit evaluate`: writes the aggregates as JSON keyed by ir_measures names."""
 
@@ -218,7 +280,8 @@ class EvaluateStep(Step):
 
 STEP_TYPES: dict[str, type[Step]] = {
     "mine": MineStep, "pretrain": PretrainStep, "train": TrainStep, "encode": EncodeStep, "index": IndexStep,
-    "search": SearchStep, "bm25": BM25Step, "evaluate": EvaluateStep,
+    "search": SearchStep, "bm25": BM25Step, "evaluate": EvaluateStep, "rerank": RerankStep,
+    "train_cross_encoder": TrainCrossEncoderStep, "score": ScoreStep,
 }  # fmt: skip
 
 

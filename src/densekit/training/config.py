@@ -204,3 +204,44 @@ class TrainConfig(RunConfig):
         if self.grad_cache.enabled and self.grad_cache.chunk_size > self.optim.batch_size:
             raise ValueError("grad_cache.chunk_size is larger than optim.batch_size")
         return self
+
+
+class CrossEncoderModelSection(Section):
+    """The model a cross-encoder starts from: an encoder (a new one-score head) or a cross-encoder."""
+
+    path: str = "sentence-transformers/all-MiniLM-L6-v2"
+    max_length: int | None = Field(
+        None, gt=0, description="tokens per (query, passage) pair, the passage cut first; default the "
+        "model's limit, at most 512"
+    )  # fmt: skip
+    trust_remote_code: bool = False
+
+
+class CrossEncoderTrainConfig(RunConfig):
+    """A cross-encoder run: a listwise softmax over each query's group (its positive first, then hard
+    negatives), the cross-entropy of the positive."""
+
+    RESUMABLE_CHANGES: ClassVar[tuple[str, ...]] = (*RunConfig.RESUMABLE_CHANGES, "chunk_size")
+
+    model: CrossEncoderModelSection = CrossEncoderModelSection()
+    data: DataSection
+    optim: OptimSection = OptimSection(batch_size=16)
+    chunk_size: int | None = Field(
+        None,
+        ge=1,
+        description="queries (with their groups) scored per forward pass; each chunk's loss is "
+        "back-propagated on its own, which gives the batch's gradient exactly because a query's loss needs "
+        "only its own group; none: the whole batch at once",
+    )
+
+    def input_paths(self) -> dict[str, str]:
+        """The starting model, the collection and the training examples."""
+        return {"model.path": self.model.path, "data.path": self.data.path, "data.train": self.data.train}
+
+    @model_validator(mode="after")
+    def _no_grad_cache(self) -> CrossEncoderTrainConfig:
+        if self.grad_cache.enabled:
+            raise ValueError("grad_cache does not apply to a cross-encoder: set chunk_size to bound memory")
+        if self.data.group_size < 2:
+            raise ValueError("data.group_size must be at least 2: the listwise loss needs a negative")
+        return self

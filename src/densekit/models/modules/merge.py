@@ -3,6 +3,8 @@ loads, without densekit or peft."""
 
 from __future__ import annotations
 
+import copy
+
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.peft_kinds import merged_backbone
 from densekit.models.modules.specs import MERGEABLE_TYPES
@@ -22,6 +24,10 @@ def merged_encoder(encoder: DenseEncoder) -> DenseEncoder:
     query = merged_backbone(module.query_tower)
     if module.query_tower is module.passage_tower:
         return DenseEncoder(query, encoder.tokenizer, encoder.config.model_copy(), source=encoder.source)
-    passage = merged_backbone(module.passage_tower)
+    passage = (
+        copy.deepcopy(encoder.passage_backbone)
+        if module.spec.towers == "query"
+        else merged_backbone(module.passage_tower)
+    )
     config = encoder.config.model_copy(update={"tied": False})
     return DenseEncoder(query, encoder.tokenizer, config, passage, source=encoder.source)

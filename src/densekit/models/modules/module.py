@@ -22,12 +22,13 @@ from densekit.models.fingerprint import tensors_fingerprint
 from densekit.models.modules.own_kinds import own_tower
 from densekit.models.modules.peft_kinds import load_peft, peft_tower, save_peft
 from densekit.models.modules.specs import PEFT_TYPES, ModuleSpec, SparseDiffSpec
-from densekit.models.modules.tower import Tower, state_mismatch
+from densekit.models.modules.tower import Tower, freeze, state_mismatch
 
 MODULE_FILE = "densekit-module.json"
 MODULE_KIND = "module"
 OWN_WEIGHTS = "module.safetensors"
 SPEC = TypeAdapter(ModuleSpec)
+PLACES = {"shared": ["."], "separate": ["query", "passage"], "query": ["query"]}
 
 
 class ModuleError(ValueError):
@@ -86,14 +87,17 @@ class EncoderModule(torch.nn.Module):
             tower = _build_tower(query_base, spec, indices.get("query"))
             return cls(spec, tower, tower, base)
         query = _build_tower(query_base, spec, indices.get("query"))
+        if spec.towers == "query":
+            freeze(passage_base)
+            return cls(spec, query, Tower(passage_base, passage_base), base)
         passage = _build_tower(passage_base, spec, indices.get("passage"))
         return cls(spec, query, passage, base)
 
     def towers(self) -> dict[str, Tower]:
-        """Its towers by the folder they save in: "." when shared, else "query" and "passage"."""
-        if self.query_tower is self.passage_tower:
-            return {".": self.query_tower}
-        return {"query": self.query_tower, "passage": self.passage_tower}
+        """Its towers by the folder they save in: "." when shared, else "query" (and "passage" unless
+        passages are the base's)."""
+        return {place: self.query_tower if place in (".", "query") else self.passage_tower
+                for place in PLACES[self.spec.towers]}  # fmt: skip
 
     def fingerprint(self) -> str:
         """A digest of the spec and the module's own tensors, as they are now."""
@@ -135,7 +139,7 @@ class EncoderModule(torch.nn.Module):
                 f"{folder}: module {spec.name!r} was trained on another base ({base['source']}, weights "
                 f"{base['fingerprint'][:19]}...), not on this model (weights {fingerprint[:19]}...)"
             )
-        places = ["."] if spec.towers == "shared" else ["query", "passage"]
+        places = PLACES[spec.towers]
         indices = None
         if isinstance(spec, SparseDiffSpec):
             indices = {
@@ -151,11 +155,15 @@ class EncoderModule(torch.nn.Module):
         return module
 
 
+def sparse_positions(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A sparse difference's positions by layer name, from its tower's state (live or saved)."""
+    marker = ".parametrizations.weight.0.indices"
+    return {key[len("model.") : -len(marker)]: t for key, t in state.items() if key.endswith(marker)}
+
+
 def _saved_indices(path: Path) -> dict[str, torch.Tensor]:
     """A saved sparse difference's positions by layer name."""
-    marker = ".parametrizations.weight.0.indices"
-    state = safetensors.torch.load_file(str(path))
-    return {key[len("model.") : -len(marker)]: t for key, t in state.items() if key.endswith(marker)}
+    return sparse_positions(safetensors.torch.load_file(str(path)))
 
 
 def _load_own(tower: Tower, path: Path) -> None:

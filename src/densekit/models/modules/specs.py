@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Towers = Literal["shared", "separate"]
+Towers = Literal["shared", "separate", "query"]
 
 # BERT's module names (all-MiniLM-L6-v2, Contriever, coCondenser...); other architectures name theirs
 BERT_ATTENTION = ["query", "key", "value", "attention.output.dense"]
@@ -22,7 +22,9 @@ class BaseSpec(BaseModel):
 
     name: str = Field("module", description="the name the encoder activates it by")
     towers: Towers = Field(
-        "shared", description="shared: one module for queries and passages; separate: one each"
+        "shared",
+        description="shared: one module for queries and passages; separate: one each; query: queries only, "
+        "passages encoded by the base (modules routed per query share one passage index)",
     )
 
     @field_validator("name")
