@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 from densekit.models import DenseEncoder
 from densekit.models.modules.averaging import average_modules
 from densekit.models.modules.merge import merged_encoder
+from densekit.models.modules.route import Route
 from densekit.models.modules.routing import (
     Router,
     RouteSpec,
@@ -20,6 +22,7 @@ from densekit.models.modules.routing import (
     routed_vectors,
     soft_weights,
 )
+from densekit.training.modules import prepare_route
 
 from .test_modules import TEXTS, embeddings, put_module
 
@@ -166,3 +169,181 @@ def test_a_route_spec_names_only_its_modules():
         RouteSpec(type="top_k", modules=["a", "b"], k=3)
     with pytest.raises(ValueError, match="named twice"):
         RouteSpec(type="soft", modules=["a", "a"])
+
+
+def base_index(encoder: DenseEncoder, beir_dir: Path, folder: Path):
+    from densekit.data import Dataset
+    from densekit.encoding.corpus import encode_corpus
+    from densekit.encoding.store import EmbeddingStore
+    from densekit.index import SearchIndex, build_index
+    from densekit.index.spec import IndexSpec
+
+    encode_corpus(encoder, Dataset.open(beir_dir), folder / "emb", show_progress=False)
+    build_index(EmbeddingStore.open(folder / "emb"), IndexSpec(), folder / "index", show_progress=False)
+    return SearchIndex.load(folder / "index")
+
+
+def test_a_retriever_with_a_fixed_route_searches_the_base_index_with_the_domains_module(
+    encoder: DenseEncoder, beir_dir: Path, tmp_path: Path
+):
+    from densekit.data import Dataset
+    from densekit.encoding.embed import embed_texts
+    from densekit.retrieval.retriever import Retriever
+
+    index = base_index(encoder, beir_dir, tmp_path)
+    route = Route(encoder, RouteSpec(type="fixed", modules=["a", "b"], domains={"x": "a", "y": "b"}))
+    retriever = Retriever(encoder, index, route=route)
+    queries = Dataset.open(beir_dir).split_queries("test")[0]
+    ids = list(queries)
+    for domain, name in [("x", "a"), ("y", "b")]:
+        encoder.activate(name)
+        direct = embed_texts(encoder, [queries[q] for q in ids], "query")
+        encoder.activate(None)
+        routed_run = retriever.search_run(queries, 3, domain=domain)
+        direct_run = index.search_run(direct, ids, 3)
+        assert {q: list(d) for q, d in routed_run.items()} == {q: list(d) for q, d in direct_run.items()}
+        assert all(abs(routed_run[q][d] - direct_run[q][d]) < 1e-6 for q in direct_run for d in direct_run[q])
+    with pytest.raises(KeyError, match="domain 'z'"):
+        retriever.search_run(queries, 3, domain="z")
+
+    encoder.activate("a")  # an index of module a's passages is not the base's
+    other = base_index(encoder, beir_dir, tmp_path / "a")
+    encoder.activate(None)
+    with pytest.raises(ValueError, match="built with module 'a'"):
+        Retriever(encoder, other, route=route)
+
+
+def test_a_saved_route_loads_to_the_same_routed_vectors_and_refuses_a_changed_module(
+    encoder: DenseEncoder, tmp_path: Path
+):
+    folders = {}
+    for name in "abc":
+        encoder.activate(name)
+        encoder.save(tmp_path / name)
+        folders[name] = tmp_path / name
+    encoder.activate(None)
+    torch.manual_seed(0)
+    route = Route(encoder, RouteSpec(type="top_k", modules=["a", "b", "c"], k=2))
+    route.save(tmp_path / "route", folders)
+    loaded = Route.load(tmp_path / "route")
+    assert np.array_equal(loaded.encode_queries(QUERIES), route.encode_queries(QUERIES))
+    assert loaded.fingerprint() == route.fingerprint()
+
+    put_module(encoder, "query-lora", "b", seed=7)  # module b changes and is saved in its folder again
+    encoder.save(tmp_path / "b")
+    with pytest.raises(ValueError, match=r"module 'b' .* changed since the route was made"):
+        Route.load(tmp_path / "route")
+
+
+@pytest.fixture
+def module_folders(tiny_model: Path, tmp_path: Path) -> dict[str, str]:
+    """Two query-only LoRA modules of the tiny base (mean pooling), saved."""
+    encoder = DenseEncoder.load(tiny_model, pooling="mean").eval()
+    folders = {}
+    for seed, name in enumerate(["first", "second"]):
+        put_module(encoder, "query-lora", name, seed=seed)
+        encoder.save(tmp_path / name)
+        folders[name] = str(tmp_path / name)
+    return folders
+
+
+def test_training_a_router_changes_only_the_router_and_saves_a_route_that_loads(
+    collection, tiny_model: Path, module_folders: dict[str, str], tmp_path: Path
+):
+    from densekit.fine_tuning import run_training
+
+    from .test_training import make_config
+
+    config = make_config(collection, tiny_model, route={"type": "top_k", "k": 1, "modules": module_folders},
+                         optim={"learning_rate": 5e-2})  # fmt: skip
+    run_training(config, tmp_path / "run", show_progress=False)
+    route = Route.load(tmp_path / "run" / "model")
+    assert route.spec.modules == ["first", "second"] and route.spec.k == 1
+    for name, folder in module_folders.items():  # the modules are as they were saved
+        assert route.encoder.attached[name].fingerprint() == DenseEncoder.load(folder).module.fingerprint()
+    fresh = torch.nn.Linear(route.encoder.dimension, 2)
+    torch.manual_seed(0)
+    assert not torch.equal(route.router.scores.weight, fresh.weight)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").open()]
+    assert all({"loss_balance", "route_entropy"} <= row.keys() for row in rows if "loss" in row)
+    with pytest.raises(ValueError, match="not both"):
+        make_config(collection, tiny_model, route={"modules": module_folders}, modules={"type": "lora"})
+
+
+def test_router_gradients_with_grad_cache_equal_the_full_batchs(
+    collection, still_model: Path, module_folders_still: dict[str, str]
+):
+    from densekit.data import Dataset
+    from densekit.data.examples import read_examples
+    from densekit.training.contrastive import ContrastiveTask
+
+    from .test_training import gradients, make_config, max_difference
+
+    texts = {doc.id: doc.full_text for doc in Dataset.open(collection[0]).iter_corpus()}
+    results = []
+    for cache in [{"enabled": False}, {"enabled": True, "chunk_size": 2}]:
+        config = make_config(collection, still_model, route={"modules": module_folders_still},
+                             grad_cache=cache, optim={"batch_size": 4})  # fmt: skip
+        encoder = DenseEncoder.load(still_model, pooling="mean")
+        torch.manual_seed(5)
+        route = prepare_route(encoder, config.route).double()
+        examples = read_examples(Path(config.data.train))
+        task = ContrastiveTask(encoder, examples, texts, config, route, config.route.modules)
+        figures = task.forward_backward(task.batch(0, 0))
+        results.append((figures["loss"], gradients(route.router)))
+    assert results[0][0] == pytest.approx(results[1][0], abs=1e-10)
+    assert max_difference(results[0][1], results[1][1]) < 1e-10
+    assert max(float(g.abs().max()) for g in results[0][1].values()) > 1e-6
+
+
+@pytest.fixture
+def module_folders_still(still_model: Path, tmp_path: Path) -> dict[str, str]:
+    encoder = DenseEncoder.load(still_model, pooling="mean").eval()
+    folders = {}
+    for seed, name in enumerate(["first", "second"]):
+        put_module(encoder, "query-lora", name, seed=seed)
+        encoder.save(tmp_path / f"still-{name}")
+        folders[name] = str(tmp_path / f"still-{name}")
+    return folders
+
+
+def test_the_route_and_average_commands_and_search_with_a_route(
+    encoder: DenseEncoder, beir_dir: Path, tmp_path: Path
+):
+    from typer.testing import CliRunner
+
+    from densekit.cli.main import app
+    from densekit.data import Dataset
+    from densekit.data.trec import read_run
+    from densekit.diagnostics import Diagnostics
+    from densekit.retrieval.retriever import Retriever
+
+    for name in "ab":
+        encoder.activate(name)
+        encoder.save(tmp_path / name)
+    encoder.activate(None)
+    index = base_index(encoder, beir_dir, tmp_path)
+    runner = CliRunner()
+    route_command = ["modules", "route", str(tmp_path / "a"), str(tmp_path / "b"), "--domain", "x=a",
+                     "--domain", "y=b", "-o", str(tmp_path / "route")]  # fmt: skip
+    result = runner.invoke(app, route_command)
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["search", str(tmp_path / "route"), str(tmp_path / "index"), str(beir_dir),
+                                 "--domain", "y", "--k", "3", "-o", str(tmp_path / "y.trec"), "--no-progress",
+                                 "--device", "cpu"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    route = Route(encoder, RouteSpec(type="fixed", modules=["a", "b"], domains={"x": "a", "y": "b"}))
+    queries = Dataset.open(beir_dir).split_queries("test")[0]
+    expected = Retriever(encoder, index, route=route).search_run(queries, 3, domain="y")
+    searched = read_run(tmp_path / "y.trec", Diagnostics())
+    assert {q: list(d) for q, d in searched.items()} == {q: list(d) for q, d in expected.items()}
+    result = runner.invoke(app, ["search", str(tmp_path / "route"), str(tmp_path / "index"), str(beir_dir),
+                                 "--domain", "z", "-o", str(tmp_path / "z.trec")])  # fmt: skip
+    assert result.exit_code != 0 and not (tmp_path / "z.trec").exists()
+
+    result = runner.invoke(app, ["modules", "average", str(tmp_path / "a"), str(tmp_path / "b"),
+                                 "--weights", "0.5,0.5", "-o", str(tmp_path / "ab")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    averaged = DenseEncoder.load(tmp_path / "ab").eval()
+    average_modules(encoder, ["a", "b"], [0.5, 0.5], "averaged")
+    assert torch.allclose(by_module(averaged, "averaged"), by_module(encoder, "averaged"), atol=1e-6)

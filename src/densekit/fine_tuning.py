@@ -20,7 +20,7 @@ from densekit.retrieval.in_memory import evaluate_encoder
 from densekit.training.config import CrossEncoderTrainConfig, DataSection, TrainConfig
 from densekit.training.contrastive import ContrastiveTask
 from densekit.training.listwise import CrossEncoderTask
-from densekit.training.modules import prepare_module
+from densekit.training.modules import prepare_module, prepare_route
 from densekit.training.run import start_run
 from densekit.training.trainer import EvaluationHook, Trainer
 
@@ -66,7 +66,9 @@ def run_training(
     device, config_yaml, resumed = start_run(config, output, RUN_KIND, resume, overwrite)
     overrides = config.model.model_dump(exclude={"path", "trust_remote_code"})
     encoder = DenseEncoder.load(config.model.path, config.model.trust_remote_code, **overrides).to(device)
-    task = ContrastiveTask(encoder, examples, texts, config)
+    route = prepare_route(encoder, config.route) if config.route is not None else None
+    folders = config.route.modules if config.route is not None else None
+    task = ContrastiveTask(encoder, examples, texts, config, route, folders)
     if config.modules is not None:
         prepare_module(encoder, config.modules, task)
 

@@ -13,7 +13,7 @@ from densekit.cli.options import OverwriteOpt
 log = logging.getLogger("densekit")
 
 modules_app = typer.Typer(
-    help="Work with parameter-efficient modules (docs/modules.md).", no_args_is_help=True
+    help="Work with parameter-efficient modules (docs/modules.md, docs/routing.md).", no_args_is_help=True
 )
 
 
@@ -34,6 +34,78 @@ def merge(
     claim_folder(output, MODEL_KIND, merged.identity(), [module], overwrite)
     merged.save(output)
     log.info("wrote %s: %s with module %s folded in", output, encoder.source, encoder.active)
+
+
+ModulesArg = Annotated[
+    list[Path], typer.Argument(help="Module folders of one base (each names it), two or more.")
+]
+
+
+def _load_modules(folders: list[Path]):
+    """The base the first module names, with every module on it and none active."""
+    from densekit.models.encoder import DenseEncoder
+
+    if len(folders) < 2:
+        raise ValueError("give two or more module folders")
+    encoder = DenseEncoder.load(folders[0])
+    names = [encoder.active]
+    for folder in folders[1:]:
+        name = encoder.load_module(folder).name
+        if name in names:
+            raise ValueError(f"{folder}: a module called {name!r} is given twice")
+        names.append(name)
+    encoder.activate(None)
+    return encoder, names
+
+
+@modules_app.command("route")
+def route(
+    modules: ModulesArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The route folder to write.")],
+    domain: Annotated[
+        list[str], typer.Option("--domain", help="DOMAIN=MODULE_NAME: queries of DOMAIN go to that module.")
+    ],
+    fallback: Annotated[
+        str | None, typer.Option(help="Module name (or 'base') for a domain not listed; default: an error.")
+    ] = None,
+) -> None:
+    """Write a fixed route: each query's domain (`densekit search --domain`) picks its module. The modules
+    must leave passages to the base (towers: query), so one index of the base's passages serves them all."""
+    from densekit.models.modules.route import Route
+    from densekit.models.modules.routing import RouteSpec
+
+    encoder, names = _load_modules(modules)
+    pairs = {}
+    for item in domain:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"--domain {item!r} is not DOMAIN=MODULE_NAME")
+        pairs[key] = value
+    spec = RouteSpec(type="fixed", modules=names, domains=pairs, fallback=fallback)
+    Route(encoder, spec).save(output, dict(zip(names, modules, strict=True)))
+    log.info("wrote %s: domains %s", output, ", ".join(f"{k} -> {v}" for k, v in pairs.items()))
+
+
+@modules_app.command("average")
+def average(
+    modules: ModulesArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The module folder to write.")],
+    weights: Annotated[str, typer.Option(help="One weight per module, comma-separated, summing to 1.")],
+    name: Annotated[str, typer.Option(help="The averaged module's name.")] = "averaged",
+) -> None:
+    """Average modules by their parameters into one module (LoRA: the weighted average of their weight
+    changes, exactly; other kinds: of each tensor, same settings only)."""
+    from densekit.models.modules.averaging import average_modules
+
+    encoder, names = _load_modules(modules)
+    try:
+        values = [float(w) for w in weights.split(",")]
+    except ValueError:
+        raise ValueError(f"--weights {weights!r} is not a comma-separated list of numbers") from None
+    average_modules(encoder, names, values, name)
+    encoder.activate(name)
+    encoder.save(output)
+    log.info("wrote %s: %s", output, " + ".join(f"{w:g} x {n}" for w, n in zip(values, names, strict=True)))
 
 
 def register(app: typer.Typer) -> None:

@@ -235,27 +235,53 @@ def search(
     query_prefix: QueryPrefixOpt = None,
     passage_prefix: PassagePrefixOpt = None,
     module: ModuleOpt = None,
+    domain: Annotated[
+        str | None,
+        typer.Option(
+            help="The collection's domain, which a fixed route (MODEL a route folder) maps to a module."
+        ),
+    ] = None,
     trust_remote_code: RemoteCodeOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
-    """Encode a split's queries and write their top k documents from the index as a TREC run."""
+    """Encode a split's queries and write their top k documents from the index as a TREC run. MODEL may be
+    a route folder (docs/routing.md): queries are then routed among its modules, over an index of the
+    base's passages."""
+    from densekit.encoding.device import resolve_device
     from densekit.index import SearchIndex
+    from densekit.models.modules.route import Route, is_route_folder
     from densekit.retrieval.retriever import Retriever
 
     check_file_output(output, RUN_KIND, [index_dir, data_dir, model, *([module] if module else [])])
     dataset = Dataset.open(data_dir)
     queries, _ = dataset.split_queries(split)
-    encoder = load_encoder(
-        model, device, pooling, normalize, query_max_length, passage_max_length,
-        query_prefix, passage_prefix, trust_remote_code, module,
-    )  # fmt: skip
+    route = None
+    if is_route_folder(model):
+        if module is not None:
+            raise ValueError(f"{model} is a route folder: it names its modules; --module does not apply")
+        route = Route.load(model, resolve_device(device))
+        encoder = route.encoder
+    else:
+        if domain is not None:
+            raise ValueError("--domain chooses a module through a route: give a route folder as MODEL")
+        encoder = load_encoder(
+            model, device, pooling, normalize, query_max_length, passage_max_length,
+            query_prefix, passage_prefix, trust_remote_code, module,
+        )  # fmt: skip
     searcher = SearchIndex.load(index_dir, gpu=gpu_index)
     try:
         searcher.set_search_parameters(ef_search=ef_search, nprobe=nprobe)
     except SpecError as err:
         raise _option_error(err) from None
-    retriever = Retriever(encoder, searcher, dataset=dataset)
-    run = retriever.search_run(queries, k, batch_size, precision, show_progress=progress)  # type: ignore[arg-type]
+    retriever = Retriever(encoder, searcher, dataset=dataset, route=route)
+    run = retriever.search_run(
+        queries,
+        k,
+        batch_size,
+        precision,
+        show_progress=progress,
+        domain=domain,  # type: ignore[arg-type]
+    )
     write_run(output, run, tag="densekit", inputs=[index_dir, data_dir, model, *([module] if module else [])])
     log.info("wrote %s (%d queries)", output, len(queries))
 

@@ -11,6 +11,9 @@ from densekit.encoding.device import Precision, autocast
 from densekit.models.config import TextKind
 from densekit.models.encoder import DenseEncoder
 
+# (input_ids, attention_mask, the batch's rows among the texts) -> vectors
+BatchEncoder = Callable[[torch.Tensor, torch.Tensor, np.ndarray], torch.Tensor]
+
 
 def embed_texts(
     encoder: DenseEncoder,
@@ -19,11 +22,13 @@ def embed_texts(
     batch_size: int = 64,
     precision: Precision = "float32",
     advance: Callable[[int], None] | None = None,
+    encode: BatchEncoder | None = None,
 ) -> np.ndarray:
     """Vectors for `texts` in their order, as a float32 array (len(texts), dimension).
 
     Texts are tokenized once, sorted by token count (longest first, so memory peaks at the start) and
-    batched, so padding is small; the encoder stays on whatever device it is on.
+    batched, so padding is small; the encoder stays on whatever device it is on. `encode(input_ids,
+    attention_mask, rows)` replaces the encoder's own forward (a route, which needs to know the rows).
     """
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
@@ -41,9 +46,14 @@ def embed_texts(
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
                 inputs = encoder.pad([token_ids[i] for i in rows])
-                vectors = encoder(
-                    inputs["input_ids"].to(device), inputs["attention_mask"].to(device), kind=kind
+                input_ids, attention_mask = (
+                    inputs["input_ids"].to(device),
+                    inputs["attention_mask"].to(device),
                 )
+                if encode is None:
+                    vectors = encoder(input_ids, attention_mask, kind=kind)
+                else:
+                    vectors = encode(input_ids, attention_mask, rows)
                 output[rows] = vectors.float().cpu().numpy()
                 if advance is not None:
                     advance(len(rows))

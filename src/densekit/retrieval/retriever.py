@@ -17,6 +17,7 @@ from densekit.encoding.device import Precision, resolve_device
 from densekit.encoding.embed import embed_texts
 from densekit.index.faiss_index import SearchIndex
 from densekit.models.encoder import DenseEncoder
+from densekit.models.modules.route import Route
 from densekit.progress import progress_bar
 from densekit.retrieval.dense import check_compatible
 from densekit.retrieval.documents import DocumentStore
@@ -43,10 +44,15 @@ class Retriever:
         index: SearchIndex,
         documents: DocumentStore | None = None,
         dataset: Dataset | None = None,
+        route: Route | None = None,
     ):
+        if route is not None and (route.encoder is not encoder or encoder.active is not None):
+            raise ValueError("a route searches an index of the base's passages: give its own encoder, with "
+                             "no module active")  # fmt: skip
         check_compatible(encoder, index, dataset)
         self.encoder = encoder
         self.module = encoder.active
+        self.route = route
         self.index = index
         self.documents = documents
 
@@ -94,8 +100,14 @@ class Retriever:
         batch_size: int = 64,
         precision: Precision = "float32",
         show_progress: bool = False,
+        domains: list[str | None] | None = None,
     ) -> np.ndarray:
-        """The query vectors of `texts`, in their order."""
+        """The query vectors of `texts`, in their order; with a route, routed (by `domains`, one per text,
+        for a fixed route)."""
+        if self.route is not None:
+            return self.route.encode_queries(texts, domains, batch_size)
+        if domains is not None:
+            raise ValueError("domains choose modules only through a route")
         if self.encoder.active != self.module:
             raise RuntimeError(
                 f"module {self.encoder.active!r} is active; this retriever was made with {self.module!r}: "
@@ -112,11 +124,14 @@ class Retriever:
         precision: Precision = "float32",
         skip_self: bool = True,
         show_progress: bool = False,
+        domain: str | None = None,
     ) -> Run:
         """The top `k` documents for each query, by query id, as a run (a document whose id is the
-        query's left out with `skip_self`, as BEIR does)."""
+        query's left out with `skip_self`, as BEIR does); `domain` is the collection's, for a fixed route."""
         query_ids = list(queries)
-        vectors = self.encode_queries([queries[q] for q in query_ids], batch_size, precision, show_progress)
+        domains = None if domain is None else [domain] * len(query_ids)
+        texts = [queries[q] for q in query_ids]
+        vectors = self.encode_queries(texts, batch_size, precision, show_progress, domains)
         return self.index.search_run(vectors, query_ids, k, skip_self)
 
     def search(self, queries: str | list[str], k: int = 10) -> list[list[Hit]]:

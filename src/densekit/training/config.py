@@ -154,6 +154,20 @@ class AnceSection(Section):
     )
 
 
+class RouteSection(Section):
+    """Train a router among saved query-only modules on the frozen base: the modules and the base stay as
+    they are; only the router learns, from the retrieval loss and a load-balancing term."""
+
+    type: Literal["soft", "top_k"] = "soft"
+    modules: dict[str, str] = Field(
+        min_length=2, description="module name -> its saved folder (towers: query)"
+    )
+    k: int | None = Field(None, ge=1, description="top_k: modules run per query")
+    load_balancing: float = Field(
+        0.01, ge=0, description="weight of Switch Transformer's load-balancing loss, against collapse"
+    )
+
+
 class CheckpointSection(Section):
     """How often to save and how many checkpoints to keep."""
 
@@ -194,10 +208,27 @@ class TrainConfig(RunConfig):
     modules: ModuleSpec | None = Field(
         None, description="train this module on the frozen model instead of the whole model (docs/modules.md)"
     )
+    route: RouteSection | None = Field(
+        None, description="train a router among saved modules on the frozen model (docs/routing.md)"
+    )
 
     def input_paths(self) -> dict[str, str]:
-        """The starting model, the collection and the training examples."""
-        return {"model.path": self.model.path, "data.path": self.data.path, "data.train": self.data.train}
+        """The starting model, the collection, the training examples and the modules routed among."""
+        paths = {"model.path": self.model.path, "data.path": self.data.path, "data.train": self.data.train}
+        if self.route is not None:
+            paths.update({f"route.modules.{name}": folder for name, folder in self.route.modules.items()})
+        return paths
+
+    @model_validator(mode="after")
+    def _one_thing_to_train(self) -> TrainConfig:
+        if self.route is not None and self.modules is not None:
+            raise ValueError("set modules (train a module) or route (a router among saved ones), not both")
+        if self.route is not None and self.eval.split is not None:
+            raise ValueError(
+                "eval.split with a route: evaluation during training encodes without routing; "
+                "evaluate the saved route with `densekit search --route` instead"
+            )
+        return self
 
     @model_validator(mode="after")
     def _chunks_fit(self) -> TrainConfig:

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from densekit.data.examples import TrainingExample
 from densekit.encoding.device import autocast
 from densekit.models.encoder import DenseEncoder
+from densekit.models.modules.route import Route
+from densekit.models.modules.routing import load_balancing_loss, soft_weights
 from densekit.training import distributed
 from densekit.training.config import INNER_PRODUCT_TEMPERATURE, NORMALIZED_TEMPERATURE, TrainConfig
 from densekit.training.grad_cache import cached_backward, split_inputs
@@ -113,9 +115,15 @@ class ContrastiveTask:
         examples: list[TrainingExample],
         texts: dict[str, str],
         config: TrainConfig,
+        route: Route | None = None,
+        module_folders: dict[str, str] | None = None,
     ):
         self.encoder = encoder
-        self.module = encoder
+        # with a route, only its router trains: queries are routed among frozen modules, passages are
+        # the base's
+        self.route = route
+        self.module_folders = module_folders or {}
+        self.module = encoder if route is None else route
         self.examples = examples
         self.texts = texts
         self.config = config
@@ -230,10 +238,12 @@ class ContrastiveTask:
         def encode(
             inputs: dict[str, torch.Tensor], with_chunk_loss: bool = False
         ) -> tuple[torch.Tensor, None]:
+            input_ids, attention_mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
             with autocast(device, precision):
-                vectors = self.encoder(
-                    inputs["input_ids"].to(device), inputs["attention_mask"].to(device), kind=kind
-                )
+                if self.route is not None and kind == "query":
+                    vectors = self.route(input_ids, attention_mask)
+                else:
+                    vectors = self.encoder(input_ids, attention_mask, kind=kind)
             return vectors, None
 
         return encode
@@ -286,15 +296,35 @@ class ContrastiveTask:
             loss = self._loss(queries, encode_passages(batch.passages)[0], scale, batch)
             loss.backward()
         config = self.config.loss
-        if set(self.parts) == {"loss_contrastive"}:
+        routing = self._route_balance(batch, scale) if self.route is not None else {}
+        if set(self.parts) == {"loss_contrastive"} and not routing:
             return {"loss": self.parts["loss_contrastive"]}
         total = config.contrastive_weight * self.parts.get("loss_contrastive", 0.0)
         total += config.distillation_weight * self.parts.get("loss_distillation", 0.0)
-        return {"loss": total, **self.parts}
+        total += self.config.route.load_balancing * routing.get("loss_balance", 0.0) if routing else 0.0
+        return {"loss": total, **self.parts, **routing}
+
+    def _route_balance(self, batch: ContrastiveBatch, scale: float) -> dict[str, float]:
+        """Back-propagate the load-balancing term of the batch's routing (it needs the router's scores of
+        the whole batch, so it is computed apart from the cached loss); returns it and the routing's mean
+        entropy."""
+        device = self.encoder.device
+        queries = {key: tensor.to(device) for key, tensor in batch.queries.items()}
+        scores = self.route.scores(queries["input_ids"], queries["attention_mask"])
+        weights = soft_weights(scores, self.route.spec.k)
+        balance = load_balancing_loss(scores, weights)
+        weight = self.config.route.load_balancing
+        if weight > 0:
+            (scale * weight * balance).backward()
+        entropy = -(weights * weights.clamp_min(1e-12).log()).sum(-1).mean()
+        return {"loss_balance": float(balance.detach()), "route_entropy": float(entropy.detach())}
 
     def export(self, path: Path) -> None:
-        """Save the trained encoder as a model folder."""
-        self.encoder.save(path)
+        """Save the trained encoder as a model folder, or the trained route as a route folder."""
+        if self.route is not None:
+            self.route.save(path, self.module_folders)
+        else:
+            self.encoder.save(path)
 
 
 def _check_teacher_scores(examples: list[TrainingExample], config: TrainConfig) -> None:

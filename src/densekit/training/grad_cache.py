@@ -85,7 +85,8 @@ def cached_backward(
             if chunk_loss is not None:
                 surrogate = surrogate + chunk_loss
                 chunk_total += chunk_loss.detach()
-            surrogate.backward()
+            if surrogate.requires_grad:  # a frozen input (a route's base passages) has nothing to train
+                surrogate.backward()
     return loss.detach(), chunk_total
 
 

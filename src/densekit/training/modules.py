@@ -10,8 +10,11 @@ import torch
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.module import EncoderModule
 from densekit.models.modules.own_kinds import choose_sparse_indices, sparse_targets
+from densekit.models.modules.route import Route
+from densekit.models.modules.routing import RouteSpec
 from densekit.models.modules.specs import SparseDiffSpec
 from densekit.training import distributed
+from densekit.training.config import RouteSection
 
 log = logging.getLogger("densekit")
 
@@ -80,3 +83,20 @@ def _choose_sparse_positions(
     if spec.towers == "separate":
         chosen.setdefault("passage", chosen["query"])
     return chosen
+
+
+def prepare_route(encoder: DenseEncoder, section: RouteSection) -> Route:
+    """Load the modules `section` names onto `encoder` and put a fresh router over them, the only thing
+    that trains (the base and the modules are frozen); no module is active."""
+    for name, folder in section.modules.items():
+        module = encoder.load_module(folder)
+        if module.name != name:
+            raise ValueError(f"route.modules.{name}: {folder} holds module {module.name!r}, not {name!r}")
+    encoder.activate(None)
+    for parameter in encoder.parameters():
+        parameter.requires_grad_(False)
+    spec = RouteSpec(type=section.type, modules=list(section.modules), k=section.k)
+    route = Route(encoder, spec)
+    log.info("router over modules %s (%s): trainable %s parameters", ", ".join(spec.modules), spec.type,
+             f"{sum(p.numel() for p in route.router.parameters()):,}")  # fmt: skip
+    return route

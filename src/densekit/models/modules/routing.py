@@ -125,17 +125,18 @@ def routed_vectors(
     if weights.shape != (input_ids.shape[0], len(modules)):
         raise ValueError(f"weights of shape {tuple(weights.shape)} for {input_ids.shape[0]} queries and "
                          f"{len(modules)} modules")  # fmt: skip
-    weights = weights.to(input_ids.device)
-    mixed = torch.zeros(input_ids.shape[0], encoder.dimension, device=input_ids.device)
+    dtype = torch.float64 if next(encoder.parameters()).dtype == torch.float64 else torch.float32
+    weights = weights.to(input_ids.device, dtype)
+    mixed = torch.zeros(input_ids.shape[0], encoder.dimension, device=input_ids.device, dtype=dtype)
     for column, name in enumerate(modules):
         rows = weights[:, column].nonzero().flatten()
         if len(rows):
             vectors = encoder.encode_with(name, input_ids[rows], attention_mask[rows], "query")
-            mixed = mixed.index_add(0, rows, weights[rows, column, None] * vectors.float())
+            mixed = mixed.index_add(0, rows, weights[rows, column, None] * vectors.to(dtype))
     base_rows = (weights.abs().sum(-1) == 0).nonzero().flatten()
     if len(base_rows):
         base = encoder.encode_with(None, input_ids[base_rows], attention_mask[base_rows], "query")
-        mixed = mixed.index_copy(0, base_rows, base.float())
+        mixed = mixed.index_copy(0, base_rows, base.to(dtype))
     if encoder.config.normalize:
         mixed = F.normalize(mixed, p=2, dim=-1)
     return mixed

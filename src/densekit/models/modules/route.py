@@ -1,0 +1,151 @@
+"""A route on an encoder: its spec, its router (for learned routes), and its folder.
+
+A route folder holds `densekit-route.json` (the spec; the base, by source and fingerprint; the encoder
+settings; each module's folder and fingerprint) and, for a learned route, `router.safetensors`, with
+densekit's artefact manifest. `Route.load` loads the base and every module and refuses a module whose
+weights are no longer those the route was made with.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+
+from densekit.encoding.embed import embed_texts
+from densekit.io.artefact import artefact_dir, verify
+from densekit.models.encoder import DenseEncoder
+from densekit.models.fingerprint import tensors_fingerprint
+from densekit.models.modules.module import read_module_file
+from densekit.models.modules.routing import (
+    Router,
+    RouteSpec,
+    check_query_only,
+    fixed_weights,
+    routed_vectors,
+    soft_weights,
+)
+
+ROUTE_FILE = "densekit-route.json"
+ROUTE_KIND = "route"
+ROUTER_WEIGHTS = "router.safetensors"
+
+
+def is_route_folder(path: str | Path) -> bool:
+    """Whether `path` is a folder holding a saved route."""
+    return (Path(path) / ROUTE_FILE).is_file()
+
+
+class Route(torch.nn.Module):
+    """Routes each query of an encoder among its query-only modules (see `routing`)."""
+
+    def __init__(self, encoder: DenseEncoder, spec: RouteSpec, router: Router | None = None):
+        super().__init__()
+        check_query_only(encoder, spec.modules)
+        if spec.type == "fixed" and router is not None:
+            raise ValueError("a fixed route chooses by domain; it has no router")
+        if spec.type != "fixed" and router is None:
+            router = Router(encoder.dimension, len(spec.modules)).to(encoder.device)
+        self.encoder = encoder
+        self.spec = spec
+        self.router = router
+
+    def scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The router's (queries x modules) scores, from the base's query vectors."""
+        with torch.no_grad():
+            base = self.encoder.encode_with(None, input_ids, attention_mask, "query")
+        return self.router(base.to(self.router.scores.weight.dtype))
+
+    def weights(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, domains: Sequence[str | None] | None
+    ) -> torch.Tensor:
+        """Each query's weight per module: by its domain (fixed) or by the router."""
+        if self.spec.type == "fixed":
+            if domains is None:
+                raise ValueError("a fixed route needs each query's domain")
+            return fixed_weights(self.spec, domains)
+        return soft_weights(self.scores(input_ids, attention_mask), self.spec.k)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        domains: Sequence[str | None] | None = None,
+    ) -> torch.Tensor:
+        """Routed query vectors of a padded batch."""
+        weights = self.weights(input_ids, attention_mask, domains)
+        return routed_vectors(self.encoder, self.spec.modules, weights, input_ids, attention_mask)
+
+    def encode_queries(
+        self, texts: list[str], domains: Sequence[str | None] | None = None, batch_size: int = 64
+    ) -> np.ndarray:
+        """Routed vectors of `texts` in their order (`domains`, one per text, for a fixed route)."""
+        if domains is not None and len(domains) != len(texts):
+            raise ValueError(f"{len(domains)} domains for {len(texts)} queries")
+
+        def encode(input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+            chosen = None if domains is None else [domains[int(i)] for i in rows]
+            return self(input_ids, attention_mask, chosen)
+
+        return embed_texts(self.encoder, texts, "query", batch_size, encode=encode)
+
+    def fingerprint(self) -> str:
+        """A digest of the spec, the base, the modules' weights and the router's."""
+        modules = "|".join(self.encoder.attached[name].fingerprint() for name in self.spec.modules)
+        router = {} if self.router is None else dict(self.router.state_dict())
+        settings = f"{self.spec.model_dump_json()}|{self.encoder.base_fingerprint()}|{modules}"
+        return tensors_fingerprint(router, settings)
+
+    def identity(self) -> dict[str, Any]:
+        """What a run made with this route records of it."""
+        return {"route": self.fingerprint(), "spec": self.spec.model_dump()}
+
+    def save(self, folder: str | Path, module_folders: dict[str, str | Path]) -> None:
+        """Write the route folder; `module_folders` says where each of its modules is saved."""
+        missing = sorted(set(self.spec.modules) - set(module_folders))
+        if missing:
+            raise ValueError(f"no folder given for modules {missing}")
+        modules = {}
+        for name in self.spec.modules:
+            held = read_module_file(module_folders[name])["spec"]["name"]
+            if held != name:
+                raise ValueError(f"{module_folders[name]} holds module {held!r}, not {name!r}")
+            modules[name] = {"folder": str(Path(module_folders[name]).resolve()),
+                             "fingerprint": self.encoder.attached[name].fingerprint()}  # fmt: skip
+        base = {"source": self.encoder.source, "fingerprint": self.encoder.base_fingerprint()}
+        description = {"spec": self.spec.model_dump(), "base": base, "modules": modules,
+                       "settings": self.encoder.config.model_dump()}  # fmt: skip
+        with artefact_dir(folder, ROUTE_KIND, {"route": self.fingerprint()}, {"base": base["source"]}) as tmp:
+            if self.router is not None:
+                state = {k: v.detach().contiguous().cpu() for k, v in self.router.state_dict().items()}
+                safetensors.torch.save_file(state, str(tmp / ROUTER_WEIGHTS))
+            (tmp / ROUTE_FILE).write_text(json.dumps(description, indent=2), encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: str | Path, device: torch.device | str = "cpu") -> Route:
+        """The route saved in `folder`, on its base with its modules loaded, in inference mode."""
+        folder = Path(folder)
+        verify(folder)
+        description = json.loads((folder / ROUTE_FILE).read_text(encoding="utf-8"))
+        spec = RouteSpec.model_validate(description["spec"])
+        encoder = DenseEncoder.load(description["base"]["source"], **description["settings"]).to(device)
+        if encoder.base_fingerprint() != description["base"]["fingerprint"]:
+            raise ValueError(f"{folder}: the base at {description['base']['source']} has other weights now")
+        for name in spec.modules:
+            saved = description["modules"][name]
+            module = encoder.load_module(saved["folder"])
+            if module.fingerprint() != saved["fingerprint"]:
+                raise ValueError(f"{folder}: module {name!r} ({saved['folder']}) changed since the route "
+                                 "was made")  # fmt: skip
+        encoder.activate(None)
+        router = None
+        if spec.type != "fixed":
+            router = Router(encoder.dimension, len(spec.modules))
+            router.load_state_dict(safetensors.torch.load_file(str(folder / ROUTER_WEIGHTS)))
+            router.to(device)
+        return cls(encoder.eval(), spec, router).eval()
