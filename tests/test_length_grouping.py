@@ -5,11 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import safetensors.torch
 import torch
 
 from densekit.fine_tuning import run_training
-from densekit.training.sampling import LengthGrouping, epoch_order, global_batch_rows
+from densekit.training.sampling import (
+    DomainBatching,
+    LengthGrouping,
+    batches_per_epoch,
+    epoch_order,
+    global_batch_rows,
+)
 
 from .test_training import final_weights, killed_at_step_five, make_config, make_task
 
@@ -75,3 +82,46 @@ def test_a_killed_length_grouped_run_resumes_to_the_same_weights(
     run_training(make_config(collection, tiny_model), tmp_path / "random", show_progress=False)
     random = safetensors.torch.load_file(str(tmp_path / "random" / "model" / "model.safetensors"))
     assert any(not torch.equal(random[k], straight[k]) for k in straight)  # grouping changed the batches
+
+
+def test_domain_batches_hold_one_domain_each_and_no_example_twice():
+    domains = np.array(["a"] * 37 + ["b"] * 20 + ["c"] * 11)
+    grouping = DomainBatching(np.random.default_rng(1).permutation(domains))
+    orders = []
+    for epoch in range(3):
+        order = epoch_order(len(domains), 8, epoch, seed=5, grouping=grouping)
+        assert (
+            len(order)
+            == 8 * (37 // 8 + 20 // 8 + 11 // 8)
+            == batches_per_epoch(len(domains), 8, grouping) * 8
+        )
+        assert len(set(order.tolist())) == len(order)
+        batches = order.reshape(-1, 8)
+        assert all(len(set(grouping.domains[b].tolist())) == 1 for b in batches)
+        orders.append([grouping.domains[b[0]] for b in batches])
+    assert len({tuple(o) for o in orders}) > 1  # the domains take turns in another order each epoch
+
+
+def test_training_by_domain_batches_and_an_example_without_domain_is_refused(
+    collection, tiny_model, tmp_path
+):
+    from densekit.data.examples import read_examples, write_examples
+
+    root, train = collection
+    examples = read_examples(train)
+    tagged = [
+        e.model_copy(update={"domain": "even" if i % 2 == 0 else "odd"}) for i, e in enumerate(examples)
+    ]
+    write_examples(tmp_path / "tagged.jsonl", tagged)
+    config = make_config((root, tmp_path / "tagged.jsonl"), tiny_model, data={"batches": "by_domain"})
+    task = make_task(config)
+    assert task.steps_per_epoch() == 2  # 6 examples a domain, batches of 4
+    for epoch in range(2):
+        for step in range(task.steps_per_epoch()):
+            rows = global_batch_rows(len(tagged), 4, epoch, step, config.seed, task.grouping(epoch))
+            assert len({tagged[int(i)].domain for i in rows}) == 1
+    tagged[3] = tagged[3].model_copy(update={"domain": None})
+    write_examples(tmp_path / "untagged.jsonl", tagged)
+    config = make_config((root, tmp_path / "untagged.jsonl"), tiny_model, data={"batches": "by_domain"})
+    with pytest.raises(ValueError, match=r"untagged.jsonl:4: no domain"):
+        make_task(config).steps_per_epoch()

@@ -117,6 +117,9 @@ def mine(
     ] = False,
     min_relevance: Annotated[int, typer.Option(help="Judgements at least this relevant are positives.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the sampling.")] = 42,
+    domain: Annotated[
+        str | None, typer.Option(help="The collection's domain, written into every example (routing).")
+    ] = None,
     batch_size: BatchOpt = 64,
     device: DeviceOpt = "auto",
     progress: ProgressOpt = True,
@@ -158,6 +161,7 @@ def mine(
         min_relevance,
         batch_size,
         progress,  # type: ignore[arg-type]
+        domain,
     )
     Console(stderr=True).print_json(data=report)
 

@@ -2,11 +2,12 @@
 
 ```json
 {"query_id": "q1", "query": "text", "positives": ["d1"], "negatives": ["d7", "d9"],
- "teacher_scores": {"d1": 9.1, "d7": 2.3}}
+ "teacher_scores": {"d1": 9.1, "d7": 2.3}, "domain": "scifact"}
 ```
 
 `negatives` may be empty (in-batch negatives only); `teacher_scores` (document id -> score from a
-teacher such as a cross-encoder) is optional. Document ids refer to the corpus of the collection the
+teacher such as a cross-encoder) and `domain` (which domain the query belongs to, for training one
+domain per batch and for routing) are optional. Document ids refer to the corpus of the collection the
 training run names; texts are looked up there, so a file stays small and one corpus has one copy.
 """
 
@@ -37,6 +38,7 @@ class TrainingExample(BaseModel):
     positives: list[str] = Field(min_length=1)
     negatives: list[str] = Field(default_factory=list)
     teacher_scores: dict[str, float] | None = None
+    domain: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _no_document_both_ways(self) -> TrainingExample:
@@ -105,9 +107,10 @@ def write_examples(
 
 
 def examples_from_qrels(
-    queries: dict[str, str], qrels: Qrels, min_relevance: int = 1
+    queries: dict[str, str], qrels: Qrels, min_relevance: int = 1, domain: str | None = None
 ) -> list[TrainingExample]:
-    """One example per judged query with its documents of relevance >= `min_relevance` as positives.
+    """One example per judged query with its documents of relevance >= `min_relevance` as positives,
+    each of `domain` when given.
 
     Queries with no such document cannot be trained on; their number is logged.
     """
@@ -116,7 +119,11 @@ def examples_from_qrels(
     for query_id, judged in qrels.items():
         positives = [doc for doc, relevance in judged.items() if relevance >= min_relevance]
         if positives:
-            examples.append(TrainingExample(query_id=query_id, query=queries[query_id], positives=positives))
+            examples.append(
+                TrainingExample(
+                    query_id=query_id, query=queries[query_id], positives=positives, domain=domain
+                )
+            )
         else:
             without += 1
     if without:

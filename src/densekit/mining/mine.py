@@ -90,8 +90,10 @@ def mine(
     min_relevance: int = 1,
     batch_size: int = 64,
     show_progress: bool = True,
+    domain: str | None = None,
 ) -> dict:
     """Write examples for `split` to `output` atomically, with a report beside it; returns the report.
+    Every example carries `domain` when given.
 
     A saved index (`index_dir`) must have been built by `encoder` from this collection's corpus.
     """
@@ -101,7 +103,7 @@ def mine(
     check_file_output(output, EXAMPLES_KIND, inputs)
     check_file_output(report_path(output), REPORT_KIND, inputs)
     queries, qrels = dataset.split_queries(split)
-    examples = examples_from_qrels(queries, qrels, min_relevance)
+    examples = examples_from_qrels(queries, qrels, min_relevance, domain)
     if source == "none":
         write_examples(output, examples, inputs)
         report = {"source": "none", "queries": len(examples), "negatives_written": 0}

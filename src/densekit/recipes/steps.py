@@ -59,6 +59,7 @@ class MineStep(Step):
     index: str | None = Field(None, description="an index built with `model` (default: encode in memory)")
     settings: MiningSettings = MiningSettings()
     batch_size: int = 64
+    domain: str | None = None
 
     def inputs(self) -> list[str]:
         return [self.data, *(p for p in (self.model, self.index) if p is not None)]
@@ -68,7 +69,7 @@ class MineStep(Step):
         encoder = DenseEncoder.load(self.model).to(resolve_device(device)) if self.model else None
         index = Path(self.index) if self.index else None
         mine(Dataset.open(self.data), self.split, Path(self.output), self.source, self.settings, encoder,
-             index, batch_size=self.batch_size, show_progress=show_progress)  # fmt: skip
+             index, batch_size=self.batch_size, show_progress=show_progress, domain=self.domain)  # fmt: skip
 
 
 class TrainerStep(Step):

@@ -52,6 +52,17 @@ class DataSection(Section):
         "sorted by passage length and cut into batches, which are then shuffled (less padding); none: "
         "random batches",
     )
+    batches: Literal["mixed", "by_domain"] = Field(
+        "mixed", description="by_domain: every batch from one domain (the examples' domain field)"
+    )
+
+    @model_validator(mode="after")
+    def _one_grouping(self) -> DataSection:
+        if self.batches == "by_domain" and self.length_grouping is not None:
+            raise ValueError(
+                "data.batches by_domain and data.length_grouping: choose one way to group batches"
+            )
+        return self
 
 
 class LossSection(Section):

@@ -29,7 +29,14 @@ from densekit.training import distributed
 from densekit.training.config import INNER_PRODUCT_TEMPERATURE, NORMALIZED_TEMPERATURE, TrainConfig
 from densekit.training.grad_cache import cached_backward, split_inputs
 from densekit.training.groups import GroupSampler
-from densekit.training.sampling import LengthGrouping, global_batch_rows, local_batch_rows
+from densekit.training.sampling import (
+    DomainBatching,
+    LengthGrouping,
+    batches_per_epoch,
+    domain_batching,
+    global_batch_rows,
+    local_batch_rows,
+)
 
 log = logging.getLogger("densekit")
 
@@ -169,13 +176,13 @@ class ContrastiveTask:
 
     def steps_per_epoch(self) -> int:
         """Global batches per epoch."""
-        return len(self.examples) // self.config.optim.batch_size
+        return batches_per_epoch(len(self.examples), self.config.optim.batch_size, self.grouping(0))
 
     def batch(self, epoch: int, step: int) -> ContrastiveBatch:
         """This process's part of global batch `step` of `epoch`."""
         rows = local_batch_rows(
             len(self.examples), self.config.optim.batch_size, epoch, step, self.config.seed,
-            self.length_grouping(epoch),
+            self.grouping(epoch),
         )  # fmt: skip
         query_texts, passage_texts, teacher = [], [], []
         for index in rows:
@@ -192,6 +199,12 @@ class ContrastiveTask:
             self.false_negatives(epoch, step) if self.config.loss.mask_false_negatives else None,
             torch.tensor(teacher, dtype=torch.float32) if teacher else None,
         )
+
+    def grouping(self, epoch: int) -> LengthGrouping | DomainBatching | None:
+        """How `epoch`'s batches are grouped: by domain, by length, or not at all."""
+        if self.config.data.batches == "by_domain":
+            return domain_batching([e.domain for e in self.examples], self.config.data.train)
+        return self.length_grouping(epoch)
 
     def length_grouping(self, epoch: int) -> LengthGrouping | None:
         """With `data.length_grouping`, each example's length in `epoch`: the token count (after
@@ -214,7 +227,7 @@ class ContrastiveTask:
         when there is no such passage. Every process computes it alike from (seed, epoch, step)."""
         optim = self.config.optim
         rows = global_batch_rows(
-            len(self.examples), optim.batch_size, epoch, step, self.config.seed, self.length_grouping(epoch)
+            len(self.examples), optim.batch_size, epoch, step, self.config.seed, self.grouping(epoch)
         )
         if not self.config.loss.cross_device_negatives:
             local = len(rows) // distributed.world_size()

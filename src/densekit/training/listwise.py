@@ -23,7 +23,13 @@ from densekit.encoding.device import autocast
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.training.config import CrossEncoderTrainConfig
 from densekit.training.groups import GroupSampler
-from densekit.training.sampling import LengthGrouping, local_batch_rows
+from densekit.training.sampling import (
+    DomainBatching,
+    LengthGrouping,
+    batches_per_epoch,
+    domain_batching,
+    local_batch_rows,
+)
 
 
 @dataclass
@@ -70,7 +76,7 @@ class CrossEncoderTask:
 
     def steps_per_epoch(self) -> int:
         """Global batches per epoch."""
-        return len(self.examples) // self.config.optim.batch_size
+        return batches_per_epoch(len(self.examples), self.config.optim.batch_size, self.grouping(0))
 
     def _pairs(self, index: int, epoch: int) -> list[dict[str, list[int]]]:
         example = self.examples[index]
@@ -82,10 +88,16 @@ class CrossEncoderTask:
         """This process's part of global batch `step` of `epoch`."""
         rows = local_batch_rows(
             len(self.examples), self.config.optim.batch_size, epoch, step, self.config.seed,
-            self.length_grouping(epoch),
+            self.grouping(epoch),
         )  # fmt: skip
         pairs = [pair for index in rows for pair in self._pairs(int(index), epoch)]
         return ListwiseBatch(pairs, self.config.data.group_size)
+
+    def grouping(self, epoch: int) -> LengthGrouping | DomainBatching | None:
+        """How `epoch`'s batches are grouped: by domain, by length, or not at all."""
+        if self.config.data.batches == "by_domain":
+            return domain_batching([e.domain for e in self.examples], self.config.data.train)
+        return self.length_grouping(epoch)
 
     def length_grouping(self, epoch: int) -> LengthGrouping | None:
         """With `data.length_grouping`, each example's length in `epoch`: the token count of the longest

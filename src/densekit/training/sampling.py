@@ -7,6 +7,10 @@ in-batch negatives stay random across the collection. (Hugging Face's LengthGrou
 same for one process; it is not used because it draws from torch's global generator and knows nothing
 of global batches shared between processes.)
 
+With domain batching, each batch holds examples of one domain: each domain's shuffled examples are cut
+into full batches (the rest of a domain waits for a later epoch's shuffle), and the batches of all
+domains are shuffled together, so domains take turns in proportion to their size.
+
 Under several processes, each takes its contiguous slice of the global batch. Everything depends only
 on (seed, epoch, step) and the lengths, so a resumed run and a run on another number of processes see
 the same global batches.
@@ -29,15 +33,39 @@ class LengthGrouping:
     bucket_batches: int
 
 
+@dataclass(frozen=True)
+class DomainBatching:
+    """Each example's domain: every batch is drawn from one domain."""
+
+    domains: np.ndarray
+
+
 def epoch_order(
-    example_count: int, batch_size: int, epoch: int, seed: int, grouping: LengthGrouping | None = None
+    example_count: int,
+    batch_size: int,
+    epoch: int,
+    seed: int,
+    grouping: LengthGrouping | DomainBatching | None = None,
 ) -> np.ndarray:
     """Example indices of `epoch` in training order; without grouping every example once, with it those
-    of the full batches (the shortest of the last bucket are left over instead of the last ones)."""
+    of the full batches (length grouping: the shortest of the last bucket are left over instead of the
+    last ones; domain batching: each domain's last partial batch)."""
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(example_count)
     if grouping is None:
         return order
+    if isinstance(grouping, DomainBatching):
+        if len(grouping.domains) != example_count:
+            raise ValueError(f"{len(grouping.domains)} domains for {example_count} examples")
+        batches = []
+        for domain in sorted(set(grouping.domains.tolist())):
+            members = order[grouping.domains[order] == domain]
+            full = (len(members) // batch_size) * batch_size
+            batches.extend(members[:full].reshape(-1, batch_size))
+        if not batches:
+            return order[:0]
+        stacked = np.stack(batches)
+        return stacked[rng.permutation(len(stacked))].reshape(-1)
     if len(grouping.lengths) != example_count:
         raise ValueError(f"{len(grouping.lengths)} lengths for {example_count} examples")
     span = batch_size * grouping.bucket_batches
@@ -53,7 +81,7 @@ def global_batch_rows(
     epoch: int,
     step: int,
     seed: int,
-    grouping: LengthGrouping | None = None,
+    grouping: LengthGrouping | DomainBatching | None = None,
 ) -> np.ndarray:
     """Example indices of global batch `step` in `epoch`."""
     order = epoch_order(example_count, batch_size, epoch, seed, grouping)
@@ -66,7 +94,7 @@ def local_batch_rows(
     epoch: int,
     step: int,
     seed: int,
-    grouping: LengthGrouping | None = None,
+    grouping: LengthGrouping | DomainBatching | None = None,
 ) -> np.ndarray:
     """This process's slice of global batch `step` in `epoch`."""
     world = distributed.world_size()
@@ -76,3 +104,25 @@ def local_batch_rows(
     rows = global_batch_rows(example_count, batch_size, epoch, step, seed, grouping)
     start = distributed.rank() * local
     return rows[start : start + local]
+
+
+def domain_batching(domains: list[str | None], source: str) -> DomainBatching:
+    """Domain batching over examples' domains; an example without one is an error naming its line of
+    `source`."""
+    missing = [line for line, domain in enumerate(domains, start=1) if domain is None]
+    if missing:
+        raise ValueError(
+            f"{source}:{missing[0]}: no domain; data.batches by_domain needs one on every example "
+            f"({len(missing)} lack it; `densekit mine --domain` writes it)"
+        )
+    return DomainBatching(np.array(domains))
+
+
+def batches_per_epoch(
+    example_count: int, batch_size: int, grouping: LengthGrouping | DomainBatching | None
+) -> int:
+    """Full global batches in an epoch."""
+    if isinstance(grouping, DomainBatching):
+        _, sizes = np.unique(grouping.domains, return_counts=True)
+        return int(sum(size // batch_size for size in sizes))
+    return example_count // batch_size
