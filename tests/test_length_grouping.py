@@ -125,3 +125,16 @@ def test_training_by_domain_batches_and_an_example_without_domain_is_refused(
     config = make_config((root, tmp_path / "untagged.jsonl"), tiny_model, data={"batches": "by_domain"})
     with pytest.raises(ValueError, match=r"untagged.jsonl:4: no domain"):
         make_task(config).steps_per_epoch()
+
+
+def test_mine_writes_the_collections_domain_into_every_example(beir_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from densekit.cli.main import app
+    from densekit.data.examples import read_examples
+
+    result = CliRunner().invoke(app, ["mine", str(beir_dir), "--split", "test", "--source", "none",
+                                      "--domain", "sci", "-o", str(tmp_path / "ex.jsonl")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    examples = read_examples(tmp_path / "ex.jsonl")
+    assert examples and all(e.domain == "sci" for e in examples)

@@ -106,6 +106,31 @@ def test_output_averaging_weighs_the_modules_vectors(encoder: DenseEncoder):
     assert torch.allclose(routed(encoder, ["a", "b", "c"], weights), expected, atol=1e-6)
 
 
+def test_fusion_over_copies_of_a_module_is_that_module_and_uniform_attention_is_equal_averaging(
+    encoder: DenseEncoder,
+):
+    put_module(encoder, "query-lora", "a-copy", seed=0)  # the same as module a
+    encoder.activate(None)
+    torch.manual_seed(0)
+    copies = Route(encoder, RouteSpec(type="fusion", modules=["a", "a-copy"]))
+    inputs = query_inputs(encoder)
+    with torch.no_grad():
+        weights = copies.weights(inputs["input_ids"], inputs["attention_mask"], None)
+        assert torch.allclose(
+            copies(inputs["input_ids"], inputs["attention_mask"]), by_module(encoder, "a"), atol=1e-6
+        )
+    assert torch.allclose(weights.sum(-1), torch.ones(len(QUERIES)))
+
+    fusion = Route(encoder, RouteSpec(type="fusion", modules=["a", "b", "c"]))
+    with torch.no_grad():
+        fusion.router.query.weight.zero_()
+        fusion.router.query.bias.zero_()  # every score 0: uniform attention
+        fused = fusion(inputs["input_ids"], inputs["attention_mask"])
+    assert torch.allclose(
+        fused, routed(encoder, ["a", "b", "c"], torch.full((len(QUERIES), 3), 1 / 3)), atol=1e-6
+    )
+
+
 def test_the_load_balancing_loss_is_one_when_balanced_and_grows_with_collapse():
     balanced = torch.zeros(4, 2)
     assert float(load_balancing_loss(balanced, soft_weights(balanced))) == pytest.approx(1.0)
@@ -247,25 +272,31 @@ def module_folders(tiny_model: Path, tmp_path: Path) -> dict[str, str]:
     return folders
 
 
+@pytest.mark.parametrize("route_type", ["top_k", "fusion"])
 def test_training_a_router_changes_only_the_router_and_saves_a_route_that_loads(
-    collection, tiny_model: Path, module_folders: dict[str, str], tmp_path: Path
+    collection, tiny_model: Path, module_folders: dict[str, str], tmp_path: Path, route_type: str
 ):
     from densekit.fine_tuning import run_training
 
     from .test_training import make_config
 
-    config = make_config(collection, tiny_model, route={"type": "top_k", "k": 1, "modules": module_folders},
-                         optim={"learning_rate": 5e-2})  # fmt: skip
+    section = {"type": route_type, "modules": module_folders, **({"k": 1} if route_type == "top_k" else {})}
+    config = make_config(collection, tiny_model, route=section, optim={"learning_rate": 5e-2})
+    torch.manual_seed(0)
     run_training(config, tmp_path / "run", show_progress=False)
     route = Route.load(tmp_path / "run" / "model")
-    assert route.spec.modules == ["first", "second"] and route.spec.k == 1
+    assert route.spec.modules == ["first", "second"] and route.spec.type == route_type
     for name, folder in module_folders.items():  # the modules are as they were saved
         assert route.encoder.attached[name].fingerprint() == DenseEncoder.load(folder).module.fingerprint()
-    fresh = torch.nn.Linear(route.encoder.dimension, 2)
-    torch.manual_seed(0)
-    assert not torch.equal(route.router.scores.weight, fresh.weight)
+    torch.manual_seed(config.seed)  # the run's start: the same draws give the router it started from
+    start = prepare_route(DenseEncoder.load(tiny_model, pooling="mean"), config.route).router.state_dict()
+    trained = route.router.state_dict()
+    assert all(not torch.equal(trained[k], v) for k, v in start.items())
+    figures = {"route_entropy"} | ({"loss_balance"} if route_type == "top_k" else set())
     rows = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").open()]
-    assert all({"loss_balance", "route_entropy"} <= row.keys() for row in rows if "loss" in row)
+    assert all(figures <= row.keys() for row in rows if "loss" in row)
+    inputs = query_inputs(route.encoder)
+    assert np.allclose(route.encode_queries(QUERIES), embed_like(route, inputs), atol=1e-6)
     with pytest.raises(ValueError, match="not both"):
         make_config(collection, tiny_model, route={"modules": module_folders}, modules={"type": "lora"})
 
@@ -347,3 +378,9 @@ def test_the_route_and_average_commands_and_search_with_a_route(
     averaged = DenseEncoder.load(tmp_path / "ab").eval()
     average_modules(encoder, ["a", "b"], [0.5, 0.5], "averaged")
     assert torch.allclose(by_module(averaged, "averaged"), by_module(encoder, "averaged"), atol=1e-6)
+
+
+def embed_like(route: Route, inputs: dict[str, torch.Tensor]) -> np.ndarray:
+    """The route's vectors of QUERIES in one padded batch."""
+    with torch.no_grad():
+        return route(inputs["input_ids"], inputs["attention_mask"]).numpy()

@@ -169,13 +169,15 @@ class RouteSection(Section):
     """Train a router among saved query-only modules on the frozen base: the modules and the base stay as
     they are; only the router learns, from the retrieval loss and a load-balancing term."""
 
-    type: Literal["soft", "top_k"] = "soft"
+    type: Literal["soft", "top_k", "fusion"] = "soft"
     modules: dict[str, str] = Field(
         min_length=2, description="module name -> its saved folder (towers: query)"
     )
     k: int | None = Field(None, ge=1, description="top_k: modules run per query")
     load_balancing: float = Field(
-        0.01, ge=0, description="weight of Switch Transformer's load-balancing loss, against collapse"
+        0.01,
+        ge=0,
+        description="soft, top_k: weight of Switch Transformer's load-balancing loss, against collapse",
     )
 
 

@@ -319,18 +319,24 @@ class ContrastiveTask:
 
     def _route_balance(self, batch: ContrastiveBatch, scale: float) -> dict[str, float]:
         """Back-propagate the load-balancing term of the batch's routing (it needs the router's scores of
-        the whole batch, so it is computed apart from the cached loss); returns it and the routing's mean
-        entropy."""
+        the whole batch, so it is computed apart from the cached loss; a fusion has none); returns it and
+        the routing's mean entropy."""
         device = self.encoder.device
         queries = {key: tensor.to(device) for key, tensor in batch.queries.items()}
-        scores = self.route.scores(queries["input_ids"], queries["attention_mask"])
-        weights = soft_weights(scores, self.route.spec.k)
-        balance = load_balancing_loss(scores, weights)
-        weight = self.config.route.load_balancing
-        if weight > 0:
-            (scale * weight * balance).backward()
+        figures = {}
+        if self.route.spec.type == "fusion":
+            with torch.no_grad():
+                weights = self.route.weights(queries["input_ids"], queries["attention_mask"], None)
+        else:
+            scores = self.route.scores(queries["input_ids"], queries["attention_mask"])
+            weights = soft_weights(scores, self.route.spec.k)
+            balance = load_balancing_loss(scores, weights)
+            weight = self.config.route.load_balancing
+            if weight > 0:
+                (scale * weight * balance).backward()
+            figures["loss_balance"] = float(balance.detach())
         entropy = -(weights * weights.clamp_min(1e-12).log()).sum(-1).mean()
-        return {"loss_balance": float(balance.detach()), "route_entropy": float(entropy.detach())}
+        return {**figures, "route_entropy": float(entropy.detach())}
 
     def export(self, path: Path) -> None:
         """Save the trained encoder as a model folder, or the trained route as a route folder."""

@@ -23,6 +23,7 @@ from densekit.models.encoder import DenseEncoder
 from densekit.models.fingerprint import tensors_fingerprint
 from densekit.models.modules.module import read_module_file
 from densekit.models.modules.routing import (
+    Fusion,
     Router,
     RouteSpec,
     check_query_only,
@@ -44,32 +45,51 @@ def is_route_folder(path: str | Path) -> bool:
 class Route(torch.nn.Module):
     """Routes each query of an encoder among its query-only modules (see `routing`)."""
 
-    def __init__(self, encoder: DenseEncoder, spec: RouteSpec, router: Router | None = None):
+    def __init__(self, encoder: DenseEncoder, spec: RouteSpec, router: Router | Fusion | None = None):
         super().__init__()
         check_query_only(encoder, spec.modules)
         if spec.type == "fixed" and router is not None:
             raise ValueError("a fixed route chooses by domain; it has no router")
         if spec.type != "fixed" and router is None:
-            router = Router(encoder.dimension, len(spec.modules)).to(encoder.device)
+            router = _new_router(spec, encoder.dimension).to(encoder.device)
         self.encoder = encoder
         self.spec = spec
         self.router = router
 
-    def scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The router's (queries x modules) scores, from the base's query vectors."""
+    def _base(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             base = self.encoder.encode_with(None, input_ids, attention_mask, "query")
-        return self.router(base.to(self.router.scores.weight.dtype))
+        return base.to(next(self.router.parameters()).dtype)
+
+    def scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The router's (queries x modules) scores, from the base's query vectors (soft and top_k)."""
+        return self.router(self._base(input_ids, attention_mask))
 
     def weights(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, domains: Sequence[str | None] | None
     ) -> torch.Tensor:
-        """Each query's weight per module: by its domain (fixed) or by the router."""
+        """Each query's weight per module: by its domain (fixed), the router, or the fusion's attention."""
         if self.spec.type == "fixed":
             if domains is None:
                 raise ValueError("a fixed route needs each query's domain")
             return fixed_weights(self.spec, domains)
+        if self.spec.type == "fusion":
+            return self._fused(input_ids, attention_mask)[0]
         return soft_weights(self.scores(input_ids, attention_mask), self.spec.k)
+
+    def _fused(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fusion's weights and the modules' vectors (queries x modules x d)."""
+        outputs = torch.stack(
+            [
+                self.encoder.encode_with(name, input_ids, attention_mask, "query")
+                for name in self.spec.modules
+            ],
+            dim=1,
+        )
+        outputs = outputs.to(next(self.router.parameters()).dtype)
+        return self.router(self._base(input_ids, attention_mask), outputs), outputs
 
     def forward(
         self,
@@ -78,6 +98,10 @@ class Route(torch.nn.Module):
         domains: Sequence[str | None] | None = None,
     ) -> torch.Tensor:
         """Routed query vectors of a padded batch."""
+        if self.spec.type == "fusion":
+            weights, outputs = self._fused(input_ids, attention_mask)
+            fused = torch.einsum("qm,qmd->qd", weights, outputs)
+            return torch.nn.functional.normalize(fused, dim=-1) if self.encoder.config.normalize else fused
         weights = self.weights(input_ids, attention_mask, domains)
         return routed_vectors(self.encoder, self.spec.modules, weights, input_ids, attention_mask)
 
@@ -145,7 +169,12 @@ class Route(torch.nn.Module):
         encoder.activate(None)
         router = None
         if spec.type != "fixed":
-            router = Router(encoder.dimension, len(spec.modules))
+            router = _new_router(spec, encoder.dimension)
             router.load_state_dict(safetensors.torch.load_file(str(folder / ROUTER_WEIGHTS)))
             router.to(device)
         return cls(encoder.eval(), spec, router).eval()
+
+
+def _new_router(spec: RouteSpec, dimension: int) -> Router | Fusion:
+    """A fresh router (soft, top_k) or fusion for `spec`."""
+    return Fusion(dimension) if spec.type == "fusion" else Router(dimension, len(spec.modules))

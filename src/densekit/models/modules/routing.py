@@ -8,7 +8,10 @@ weight is zero for every query of a batch is not run, and one with a weight runs
 - fixed: the query's domain names its module (`domains`); an unknown domain is an error unless
   `fallback` names a module, or "base" for the base alone, stated in the route and logged;
 - soft: a router (a linear layer on the base's query embedding) gives a softmax over all modules;
-- top_k: the same router, the softmax over the k highest scores only, the rest weigh zero.
+- top_k: the same router, the softmax over the k highest scores only, the rest weigh zero;
+- fusion: attention over the modules' own outputs (AdapterFusion's idea, on the embeddings): the base's
+  query vector, projected, is the attention query, each module's vector, projected, a key; the softmax
+  of their scaled dot products weighs the modules' vectors. Every module runs on every query.
 
 Routes act on queries. Passages are encoded once, by the base, so every module must leave passages to
 the base (`towers: query`): one passage index then serves every route (RouterRetriever's layout).
@@ -36,7 +39,7 @@ class RouteSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["fixed", "soft", "top_k"]
+    type: Literal["fixed", "soft", "top_k", "fusion"]
     modules: list[str] = Field(min_length=1, description="the modules routed among, in the router's order")
     domains: dict[str, str] = Field(default_factory=dict, description="fixed: domain name -> module name")
     fallback: str | None = Field(
@@ -90,6 +93,23 @@ class Router(torch.nn.Module):
     def forward(self, base_vectors: torch.Tensor) -> torch.Tensor:
         """(queries x modules) scores."""
         return self.scores(base_vectors)
+
+
+class Fusion(torch.nn.Module):
+    """Attention weights over module outputs: softmax_m((Q b) . (K v_m) / sqrt(d)) for the base's vector b
+    and module vectors v_m."""
+
+    def __init__(self, dimension: int):
+        super().__init__()
+        self.query = torch.nn.Linear(dimension, dimension)
+        self.key = torch.nn.Linear(dimension, dimension)
+
+    def forward(self, base_vectors: torch.Tensor, module_vectors: torch.Tensor) -> torch.Tensor:
+        """(queries x modules) weights from (queries x d) base and (queries x modules x d) module vectors."""
+        queries = self.query(base_vectors)
+        keys = self.key(module_vectors)
+        scores = torch.einsum("qd,qmd->qm", queries, keys) / queries.shape[-1] ** 0.5
+        return F.softmax(scores, dim=-1)
 
 
 def soft_weights(scores: torch.Tensor, k: int | None = None) -> torch.Tensor:
