@@ -384,3 +384,35 @@ def embed_like(route: Route, inputs: dict[str, torch.Tensor]) -> np.ndarray:
     """The route's vectors of QUERIES in one padded batch."""
     with torch.no_grad():
         return route(inputs["input_ids"], inputs["attention_mask"]).numpy()
+
+
+def test_the_routing_diagnostic_reports_each_collections_modules_and_collapse(
+    encoder: DenseEncoder, beir_dir: Path, tmp_path: Path
+):
+    from typer.testing import CliRunner
+
+    from densekit.cli.main import app
+
+    for name in "ab":
+        encoder.activate(name)
+        encoder.save(tmp_path / name)
+    encoder.activate(None)
+    runner = CliRunner()
+    for route, domains in [("split", ["x=a", "y=b"]), ("collapsed", ["x=a", "y=a"])]:
+        command = ["modules", "route", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / route)]
+        assert runner.invoke(app, command + [f"--domain={d}" for d in domains]).exit_code == 0
+        diagnose = ["modules", "diagnose", str(tmp_path / route), str(beir_dir), str(beir_dir),
+                    "--domain", "x", "--domain", "y", "--json", str(tmp_path / f"{route}.json"), "--plot",
+                    str(tmp_path / f"{route}.png"), "--device", "cpu"]  # fmt: skip
+        result = runner.invoke(app, diagnose)
+        assert result.exit_code == 0, result.output
+        report = json.loads((tmp_path / f"{route}.json").read_text())
+        assert (tmp_path / f"{route}.png").stat().st_size > 1000
+        if route == "split":
+            assert report["collections"]["x"]["top_share"] == {"a": 1.0, "b": 0.0}
+            assert report["collections"]["y"]["mean_weight"] == {"a": 0.0, "b": 1.0}
+            assert report["collapse"] == [] and "collapse" not in result.output
+        else:
+            assert report["collapse"] == ["module 'a' is the top choice of 100% of all queries",
+                                          "module 'b' is never the top choice"]  # fmt: skip
+            assert "collapse: module 'a'" in result.output

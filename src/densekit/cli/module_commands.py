@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from densekit.cli.options import OverwriteOpt
+from densekit.cli.options import DeviceOpt, OverwriteOpt
 
 log = logging.getLogger("densekit")
 
@@ -106,6 +106,63 @@ def average(
     encoder.activate(name)
     encoder.save(output)
     log.info("wrote %s: %s", output, " + ".join(f"{w:g} x {n}" for w, n in zip(values, names, strict=True)))
+
+
+@modules_app.command("diagnose")
+def diagnose(
+    route_dir: Annotated[Path, typer.Argument(help="A route folder.")],
+    data_dirs: Annotated[list[Path], typer.Argument(help="Collections whose queries are routed.")],
+    split: Annotated[str, typer.Option(help="The split whose queries are used.")] = "test",
+    domain: Annotated[
+        list[str] | None,
+        typer.Option("--domain", help="Each collection's domain, in order (a fixed route needs them)."),
+    ] = None,
+    json_output: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write the heat map (PNG).")] = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """How a route uses its modules on each collection's queries: mean weight and top-choice share per
+    module, the weights' entropy, and collapse (a module taking nearly every query, or none)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from densekit.data.dataset import Dataset
+    from densekit.encoding.device import resolve_device
+    from densekit.evaluation.routing import plot_usage, route_usage
+    from densekit.io.outputs import check_file_output, write_output_text
+    from densekit.models.modules.route import Route
+    from densekit.plots import PLOT_KIND
+
+    if domain and len(domain) != len(data_dirs):
+        raise ValueError(f"{len(domain)} --domain values for {len(data_dirs)} collections")
+    for path, kind in ((json_output, "routing report"), (plot, PLOT_KIND)):
+        if path is not None:
+            check_file_output(path, kind, [route_dir, *data_dirs])
+    route = Route.load(route_dir, resolve_device(device))
+    collections = {}
+    for i, data_dir in enumerate(data_dirs):
+        queries, _ = Dataset.open(data_dir).split_queries(split)
+        name = domain[i] if domain else Path(data_dir).name
+        collections[name] = (list(queries.values()), domain[i] if domain else None)
+    report = route_usage(route, collections)
+    table = Table(title=f"{report['route']} route over {', '.join(report['modules'])} ({split} queries)")
+    table.add_column("collection")
+    for module in report["modules"]:
+        table.add_column(f"{module}: weight / top", justify="right")
+    table.add_column("entropy", justify="right")
+    for name, row in report["collections"].items():
+        cells = [f"{row['mean_weight'][m]:.2f} / {row['top_share'][m]:.0%}" for m in report["modules"]]
+        table.add_row(name, *cells, f"{row['entropy']:.2f} of {report['max_entropy']:.2f}")
+    console = Console()
+    console.print(table)
+    for finding in report["collapse"]:
+        console.print(f"collapse: {finding}")
+    if json_output is not None:
+        import json
+
+        write_output_text(json_output, "routing report", json.dumps(report, indent=2) + "\n")
+    if plot is not None:
+        plot_usage(report, plot)
 
 
 def register(app: typer.Typer) -> None:
