@@ -9,6 +9,8 @@ import pytest
 import safetensors.torch
 import torch
 
+from densekit.data.dataset import Dataset
+from densekit.diagnostics import DataError
 from densekit.fine_tuning import run_training
 from densekit.training.sampling import (
     DomainBatching,
@@ -138,3 +140,38 @@ def test_mine_writes_the_collections_domain_into_every_example(beir_dir, tmp_pat
     assert result.exit_code == 0, result.output
     examples = read_examples(tmp_path / "ex.jsonl")
     assert examples and all(e.domain == "sci" for e in examples)
+
+
+def test_training_on_two_collections_reads_each_examples_documents_from_its_own(
+    collection, tiny_model, tmp_path
+):
+    from densekit.data.examples import read_examples, write_examples
+    from densekit.fine_tuning import read_training_inputs
+
+    from .conftest import write_beir
+
+    root, train = collection
+    home = {d.id: d.full_text for d in Dataset.open(root).iter_corpus()}
+    other_corpus = [{"_id": doc_id, "title": "", "text": f"other collection's {doc_id}"} for doc_id in home]
+    other = write_beir(
+        tmp_path / "other", other_corpus, [{"_id": "q", "text": "q"}], {"test": [("q", "t0d0", 1)]}
+    )
+    examples = read_examples(train)
+    tagged = [e.model_copy(update={"domain": "other"}) if i % 2 else e for i, e in enumerate(examples)]
+    write_examples(tmp_path / "mixed.jsonl", tagged)
+    config = make_config(
+        (root, tmp_path / "mixed.jsonl"), tiny_model, data={"collections": {"other": str(other)}}
+    )
+    _, _, texts, read = read_training_inputs(config.data)
+    for example in read:
+        text = texts[example.positives[0]]
+        assert text.startswith("other collection's") == (example.domain == "other")
+    assert len(texts) == 2 * len(home)
+    run_training(config, tmp_path / "run", show_progress=False)  # trains across both
+    assert (tmp_path / "run" / "model").is_dir()
+
+    tagged[1] = tagged[1].model_copy(update={"negatives": ["missing-doc"]})
+    write_examples(tmp_path / "bad.jsonl", tagged)
+    bad = make_config((root, tmp_path / "bad.jsonl"), tiny_model, data={"collections": {"other": str(other)}})
+    with pytest.raises(DataError, match=r"bad.jsonl:2: error: 1 document ids not in the corpus: 'missing-doc'"):
+        read_training_inputs(bad.data)

@@ -30,14 +30,42 @@ RUN_KIND = "training run"
 CROSS_ENCODER_RUN_KIND = "cross-encoder training run"
 
 
-def read_training_inputs(data: DataSection) -> tuple[Dataset, list[Document], list[TrainingExample]]:
-    """The collection, its documents and the training examples, checked (every id in the corpus)."""
+def read_training_inputs(
+    data: DataSection,
+) -> tuple[Dataset, list[Document], dict[str, str], list[TrainingExample]]:
+    """The collection, its documents, the texts of every document the examples may name, and the
+    examples, checked (every id in its collection). An example whose domain is one of
+    `data.collections` names documents of that collection; its ids are made distinct from the others'
+    as `DOMAIN<US>ID` (US, the unit separator, which no id holds), in memory only."""
     dataset = Dataset.open(data.path)
     documents = list(dataset.iter_corpus())
+    texts = {doc.id: doc.full_text for doc in documents}
+    others = {
+        domain: {doc.id: doc.full_text for doc in Dataset.open(path).iter_corpus()}
+        for domain, path in data.collections.items()
+    }
     diagnostics = Diagnostics()
     examples = read_examples(Path(data.train), diagnostics)
-    check_example_ids(Path(data.train), examples, {doc.id for doc in documents}, diagnostics)
-    return dataset, documents, examples
+    check_example_ids(Path(data.train), examples, lambda e: others.get(e.domain, texts), diagnostics)
+    if others:
+        examples = [_namespaced(e) if e.domain in others else e for e in examples]
+        for domain, theirs in others.items():
+            texts.update({f"{domain}{SEPARATOR}{doc_id}": text for doc_id, text in theirs.items()})
+    return dataset, documents, texts, examples
+
+
+SEPARATOR = "\x1f"
+
+
+def _namespaced(example: TrainingExample) -> TrainingExample:
+    """`example` with its document ids prefixed by its domain."""
+    prefix = f"{example.domain}{SEPARATOR}"
+    scores = example.teacher_scores
+    return example.model_copy(update={
+        "positives": [prefix + d for d in example.positives],
+        "negatives": [prefix + d for d in example.negatives],
+        "teacher_scores": None if scores is None else {prefix + d: v for d, v in scores.items()},
+    })  # fmt: skip
 
 
 def run_training(
@@ -54,8 +82,7 @@ def run_training(
     `densekit.training.run_folder.prepare_run_folder`).
     """
     output = Path(output)
-    dataset, documents, examples = read_training_inputs(config.data)
-    texts = {doc.id: doc.full_text for doc in documents}
+    dataset, documents, texts, examples = read_training_inputs(config.data)
     evaluation_split = dataset.split_queries(config.eval.split) if config.eval.split is not None else None
 
     if config.modules is None and is_module_folder(config.model.path):
@@ -106,8 +133,7 @@ def run_cross_encoder_training(
     """Train a cross-encoder as `config` says; it is saved to `output/model`. `resume` and `overwrite`
     are those of `run_training`."""
     output = Path(output)
-    _, documents, examples = read_training_inputs(config.data)
-    texts = {doc.id: doc.full_text for doc in documents}
+    _, _, texts, examples = read_training_inputs(config.data)
     device, config_yaml, resumed = start_run(config, output, CROSS_ENCODER_RUN_KIND, resume, overwrite)
     cross_encoder = CrossEncoder.load(
         config.model.path, config.model.max_length, config.model.trust_remote_code

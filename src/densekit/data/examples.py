@@ -14,7 +14,7 @@ training run names; texts are looked up there, so a file stays small and one cor
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Container, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +69,18 @@ def read_examples(path: Path, diagnostics: Diagnostics | None = None) -> list[Tr
 
 
 def check_example_ids(
-    path: Path, examples: list[TrainingExample], known: set[str] | dict, diagnostics: Diagnostics
+    path: Path,
+    examples: list[TrainingExample],
+    known: Container[str] | Callable[[TrainingExample], Container[str]],
+    diagnostics: Diagnostics,
 ) -> None:
-    """Report, at the first line naming one, every document id the corpus lacks."""
+    """Report, at the first line naming one, every document id the corpus lacks; `known` is the corpus's
+    ids, or gives them per example (examples of several collections)."""
     unknown: dict[str, int] = {}
     for lineno, example in enumerate(examples, start=1):
+        ids = known(example) if callable(known) else known
         for doc_id in [*example.positives, *example.negatives]:
-            if doc_id not in known and doc_id not in unknown:
+            if doc_id not in ids and doc_id not in unknown:
                 unknown[doc_id] = lineno
     if unknown:
         listed = ", ".join(f"{d!r} (line {n})" for d, n in list(unknown.items())[:20])

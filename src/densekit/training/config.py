@@ -55,6 +55,11 @@ class DataSection(Section):
     batches: Literal["mixed", "by_domain"] = Field(
         "mixed", description="by_domain: every batch from one domain (the examples' domain field)"
     )
+    collections: dict[str, str] = Field(
+        default_factory=dict,
+        description="more collections by domain: an example of one of these domains names documents of that "
+        "collection instead of data.path's (training on several collections at once)",
+    )
 
     @model_validator(mode="after")
     def _one_grouping(self) -> DataSection:
@@ -228,6 +233,7 @@ class TrainConfig(RunConfig):
     def input_paths(self) -> dict[str, str]:
         """The starting model, the collection, the training examples and the modules routed among."""
         paths = {"model.path": self.model.path, "data.path": self.data.path, "data.train": self.data.train}
+        paths.update({f"data.collections.{domain}": path for domain, path in self.data.collections.items()})
         if self.route is not None:
             paths.update({f"route.modules.{name}": folder for name, folder in self.route.modules.items()})
         return paths
@@ -236,6 +242,8 @@ class TrainConfig(RunConfig):
     def _one_thing_to_train(self) -> TrainConfig:
         if self.route is not None and self.modules is not None:
             raise ValueError("set modules (train a module) or route (a router among saved ones), not both")
+        if self.ance.enabled and self.data.collections:
+            raise ValueError("ance with data.collections: the inferencer indexes data.path's corpus only")
         if self.route is not None and self.eval.split is not None:
             raise ValueError(
                 "eval.split with a route: evaluation during training encodes without routing; "
@@ -279,8 +287,9 @@ class CrossEncoderTrainConfig(RunConfig):
     )
 
     def input_paths(self) -> dict[str, str]:
-        """The starting model, the collection and the training examples."""
-        return {"model.path": self.model.path, "data.path": self.data.path, "data.train": self.data.train}
+        """The starting model, the collections and the training examples."""
+        paths = {"model.path": self.model.path, "data.path": self.data.path, "data.train": self.data.train}
+        return paths | {f"data.collections.{domain}": path for domain, path in self.data.collections.items()}
 
     @model_validator(mode="after")
     def _no_grad_cache(self) -> CrossEncoderTrainConfig:
