@@ -416,3 +416,35 @@ def test_the_routing_diagnostic_reports_each_collections_modules_and_collapse(
             assert report["collapse"] == ["module 'a' is the top choice of 100% of all queries",
                                           "module 'b' is never the top choice"]  # fmt: skip
             assert "collapse: module 'a'" in result.output
+
+
+def test_a_benchmark_with_a_route_searches_each_collection_by_its_domain_and_reuses_its_stages(
+    encoder: DenseEncoder, beir_dir: Path, tmp_path: Path
+):
+    from densekit.data import Dataset
+    from densekit.data.trec import read_run
+    from densekit.diagnostics import Diagnostics
+    from densekit.evaluation.benchmark import run_benchmark
+    from densekit.index import SearchIndex
+    from densekit.retrieval.retriever import Retriever
+
+    route = Route(encoder, RouteSpec(type="fixed", modules=["a", "b"], domains={"x": "a", "y": "b"}))
+
+    def benchmark():
+        return run_benchmark(encoder, "routed", [beir_dir, beir_dir], tmp_path / "bench", k=5,
+                             show_progress=False, route=route, domains=["x", "y"])  # fmt: skip
+
+    result = benchmark()
+    queries = Dataset.open(beir_dir).split_queries("test")[0]
+    for collection, domain in zip(result.collections, ["x", "y"], strict=True):
+        folder = tmp_path / "bench" / collection.name
+        retriever = Retriever(encoder, SearchIndex.load(folder / "index"), route=route)
+        expected = retriever.search_run(queries, 5, domain=domain)
+        searched = read_run(folder / "dense.trec", Diagnostics())
+        assert {q: list(d) for q, d in searched.items()} == {q: list(d) for q, d in expected.items()}
+    first, second = (
+        read_run(tmp_path / "bench" / c.name / "dense.trec", Diagnostics()) for c in result.collections
+    )
+    assert first != second  # each collection went to its own module
+    again = benchmark()
+    assert all(set(c.stages.values()) == {"reused"} for c in again.collections)

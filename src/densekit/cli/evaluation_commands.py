@@ -66,11 +66,20 @@ def benchmark(
     batch_size: BatchOpt = 64,
     device: DeviceOpt = "auto",
     module: ModuleOpt = None,
+    domain: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--domain",
+            help="With a route as MODEL: each collection's domain, in order "
+            "(default: the collections' folder names).",
+        ),
+    ] = None,
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """BM25 and MODEL on each collection's split: one table (results.md, results.json) with a row per
-    collection and the mean, and a bar chart (results.png).
+    collection and the mean, and a bar chart (results.png). MODEL may be a route folder
+    (docs/routing.md): its queries are routed over an index of the base's passages.
 
     Every stage (BM25 run, embeddings, index, dense run) is kept and reused while the model, its
     settings and the collection are unchanged, so a killed benchmark resumes and a second one of the
@@ -80,10 +89,22 @@ def benchmark(
 
     measures = measure or ["nDCG@10", "R@100"]
     parse_measures(measures)
-    encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
+    from densekit.encoding.device import resolve_device
+    from densekit.models.modules.route import Route, is_route_folder
+
+    route = None
+    if is_route_folder(model):
+        if module is not None:
+            raise ValueError(f"{model} is a route folder: it names its modules; --module does not apply")
+        route = Route.load(model, resolve_device(device))
+        encoder = route.encoder
+    elif domain:
+        raise ValueError("--domain applies to a route: give a route folder as MODEL")
+    else:
+        encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
     result = run_benchmark(
         encoder, name or _model_label(model, module), data_dirs, output, split, measures, k, batch_size,
-        progress, overwrite,
+        progress, overwrite, route, domain or None,
     )  # fmt: skip
     table = Table("collection", "queries", *[f"{s} {m}" for m in result.measures for s in result.systems])
     means = result.means()

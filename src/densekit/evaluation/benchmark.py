@@ -27,6 +27,7 @@ from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.io.artefact import differences, read_manifest, write_folder_manifest
 from densekit.io.outputs import claim_folder, is_current, write_output_text
 from densekit.models.encoder import DenseEncoder
+from densekit.models.modules.route import Route
 from densekit.plots import pyplot, save_png
 from densekit.retrieval.bm25 import BM25Config, BM25Index
 from densekit.retrieval.retriever import Retriever
@@ -115,34 +116,36 @@ def run_benchmark(
     batch_size: int = 64,
     show_progress: bool = True,
     overwrite: bool = False,
+    route: Route | None = None,
+    domains: list[str] | None = None,
 ) -> BenchmarkResult:
-    """BM25 and `encoder` on the `split` of each collection; writes the table, its JSON and a chart."""
+    """BM25 and `encoder` on the `split` of each collection; writes the table, its JSON and a chart.
+    With `route` (on `encoder`), queries are routed over the base's passages, each collection's by its
+    domain (`domains`, one per collection; default: the collections' names)."""
     measures = measures or ["nDCG@10", "R@100"]
     parse_measures(measures)  # an unknown measure fails before any work
     if not data_dirs:
         raise ValueError("benchmark needs at least one collection")
     datasets = [Dataset.open(path) for path in data_dirs]
+    names = collection_names(data_dirs)
+    if domains is not None and len(domains) != len(data_dirs):
+        raise ValueError(f"{len(domains)} domains for {len(data_dirs)} collections")
     output = Path(output)
     identity = {"model": encoder.identity(), "split": split, "k": k}
+    if route is not None:
+        identity["route"] = route.identity()
     inputs = [*data_dirs, encoder.source]
     if claim_folder(output, KIND, identity, inputs, overwrite, _ENTRIES) == "new":
         output.mkdir(parents=True, exist_ok=True)
         write_folder_manifest(output, KIND, identity, {"model": encoder.source})
     results = []
-    for number, (name, dataset) in enumerate(zip(collection_names(data_dirs), datasets, strict=True), 1):
+    for number, (name, dataset) in enumerate(zip(names, datasets, strict=True), 1):
         log.info("collection %d of %d: %s (%s)", number, len(datasets), name, dataset.root)
+        domain = (domains[number - 1] if domains is not None else name) if route is not None else None
         result = benchmark_collection(
-            encoder,
-            model_name,
-            dataset,
-            output / name,
-            split,
-            measures,
-            k,
-            batch_size,
-            show_progress,
-            overwrite,
-        )
+            encoder, model_name, dataset, output / name, split, measures, k, batch_size, show_progress,
+            overwrite, route, domain,
+        )  # fmt: skip
         results.append(result)
         log.info(
             "%s: %s", name, ", ".join(f"{s} {m} {v[m]:.4f}" for s, v in result.scores.items() for m in v)
@@ -165,10 +168,12 @@ def benchmark_collection(
     batch_size: int = 64,
     show_progress: bool = True,
     overwrite: bool = False,
+    route: Route | None = None,
+    domain: str | None = None,
 ) -> CollectionResult:
     """BM25 and `encoder` on one collection, in `folder` (`bm25.trec`, `embeddings/`, `index/`,
     `dense.trec`), each stage reused when what made it is unchanged; the caller checks that `folder`
-    may be written."""
+    may be written. With `route`, queries are routed (by `domain` for a fixed route)."""
     measures = measures or ["nDCG@10", "R@100"]
     folder.mkdir(parents=True, exist_ok=True)
     queries, qrels = dataset.split_queries(split)
@@ -211,10 +216,12 @@ def benchmark_collection(
 
     dense_run = folder / "dense.trec"
     dense_identity = {**split_identity, "model": encoder.identity(), "index": index_identity}
+    if route is not None:
+        dense_identity.update(route=route.identity(), domain=domain)
     with _stage(stages, "search", is_current(dense_run, RUN_KIND, dense_identity)) as fresh:
         if fresh:
-            retriever = Retriever(encoder, SearchIndex.load(index_dir), dataset=dataset)
-            ranked = retriever.search_run(queries, k, batch_size, show_progress=show_progress)
+            retriever = Retriever(encoder, SearchIndex.load(index_dir), dataset=dataset, route=route)
+            ranked = retriever.search_run(queries, k, batch_size, show_progress=show_progress, domain=domain)
             write_run(dense_run, ranked, "densekit", [dataset.root], dense_identity)
 
     scores = {}
