@@ -448,3 +448,35 @@ def test_a_benchmark_with_a_route_searches_each_collection_by_its_domain_and_reu
     assert first != second  # each collection went to its own module
     again = benchmark()
     assert all(set(c.stages.values()) == {"reused"} for c in again.collections)
+
+
+def test_the_service_routes_a_requests_queries_by_its_domain(
+    encoder: DenseEncoder, beir_dir: Path, tmp_path: Path
+):
+    from fastapi.testclient import TestClient
+
+    from densekit.retrieval.retriever import Retriever
+    from densekit.serving.app import create_app
+
+    for name in "ab":
+        encoder.activate(name)
+        encoder.save(tmp_path / name)
+    encoder.activate(None)
+    base_index(encoder, beir_dir, tmp_path)
+    spec = RouteSpec(type="fixed", modules=["a", "b"], domains={"x": "a", "y": "b"})
+    Route(encoder, spec).save(tmp_path / "route", {"a": tmp_path / "a", "b": tmp_path / "b"})
+    retriever = Retriever.open(str(tmp_path / "route"), tmp_path / "index", beir_dir, device="cpu")
+    assert retriever.route is not None and retriever.route.spec == spec
+    texts = QUERIES[:3]
+    with TestClient(create_app(retriever, "token")) as http:
+        auth = {"Authorization": "Bearer token"}
+        for domain in ("x", "y"):
+            response = http.post("/search", json={"query": texts, "k": 3, "domain": domain}, headers=auth)
+            assert response.status_code == 200, response.text
+            expected = retriever.hits(retriever.encode_queries(texts, domains=[domain] * 3), 3)
+            assert [[h["id"] for h in row] for row in response.json()["results"]] == [
+                [h.id for h in row] for row in expected
+            ]
+        unknown = http.post("/search", json={"query": "q", "domain": "z"}, headers=auth)
+        assert unknown.status_code == 422 and "'x', 'y'" in unknown.json()["detail"]
+        assert http.get("/info", headers=auth).json()["route"]["domains"] == {"x": "a", "y": "b"}

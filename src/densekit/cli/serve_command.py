@@ -103,6 +103,8 @@ def serve(
                     max_body_bytes=max_body_bytes)  # fmt: skip
     extra = [_module_and_index(text) for text in module_index or []]
     retrievers = [Retriever.open(model, index_dir, corpus, module, device, show_progress=True)]
+    if retrievers[0].route is not None and extra:
+        raise ValueError(f"{model} is a route: it serves its modules itself; --module-index does not apply")
     encoder = retrievers[0].encoder
     for module_dir, extra_index in extra:
         encoder.load_module(module_dir)  # shares the base; activated while its retriever is checked

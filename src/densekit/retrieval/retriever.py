@@ -17,7 +17,7 @@ from densekit.encoding.device import Precision, resolve_device
 from densekit.encoding.embed import embed_texts
 from densekit.index.faiss_index import SearchIndex
 from densekit.models.encoder import DenseEncoder
-from densekit.models.modules.route import Route
+from densekit.models.modules.route import Route, is_route_folder
 from densekit.progress import progress_bar
 from densekit.retrieval.dense import check_compatible
 from densekit.retrieval.documents import DocumentStore
@@ -69,7 +69,12 @@ class Retriever:
     ) -> Retriever:
         """Load the model (with `module` on it) in inference mode, the index and, given the `corpus`
         collection the index was built from, its document store (built beside the index the first
-        time)."""
+        time). `model` may be a route folder: its base and modules, routing each query."""
+        if is_route_folder(model):
+            if module is not None:
+                raise ValueError(f"{model} is a route folder: it names its modules; a module does not apply")
+            route = Route.load(model, resolve_device(device))
+            return cls.over(route.encoder, index_dir, corpus, gpu_index, show_progress, route)
         encoder = DenseEncoder.load(model, module=module).to(resolve_device(device)).eval()
         return cls.over(encoder, index_dir, corpus, gpu_index, show_progress)
 
@@ -81,9 +86,11 @@ class Retriever:
         corpus: Path | str | None = None,
         gpu_index: bool = False,
         show_progress: bool = False,
+        route: Route | None = None,
     ) -> Retriever:
-        """A retriever of `encoder`, as it is now (its active module), over a saved index and the
-        documents of `corpus`; several may share one encoder, each with its own module (`serve`)."""
+        """A retriever of `encoder`, as it is now (its active module), or of `route` on it, over a saved
+        index and the documents of `corpus`; several may share one encoder, each with its own module
+        (`serve`)."""
         from densekit.retrieval.documents import open_document_store, store_path
 
         index = SearchIndex.load(index_dir, gpu=gpu_index)
@@ -92,7 +99,7 @@ class Retriever:
         if dataset is not None:
             check_compatible(encoder, index, dataset)  # before building a store of the wrong corpus
             documents = open_document_store(dataset, store_path(index_dir), show_progress)
-        return cls(encoder, index, documents, dataset)
+        return cls(encoder, index, documents, dataset, route)
 
     def encode_queries(
         self,

@@ -32,13 +32,15 @@ class Limits(BaseModel):
 
 class SearchRequest(BaseModel):
     """`query`: one text or a list of them; `k`: hits per query (10, or the service's limit if lower);
-    `module`: which of the served modules encodes the queries (default: the first served)."""
+    `module`: which of the served modules encodes the queries (default: the first served); `domain`:
+    the queries' domain, which a served fixed route maps to a module."""
 
     model_config = ConfigDict(extra="forbid")
 
     query: str | list[str]
     k: int | None = None
     module: str | None = None
+    domain: str | None = None
 
 
 class HitOut(BaseModel):
@@ -140,6 +142,7 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
             "model": retriever.encoder.source,
             "dimension": retriever.encoder.dimension,
             "active_module": retriever.module,
+            "route": None if retriever.route is None else retriever.route.spec.model_dump(),
             "index": _index_info(retriever),
             "modules": {str(r.module): _index_info(r) for r in served[1:]},
             "documents": len(retriever.documents) if retriever.documents is not None else None,
@@ -156,8 +159,9 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         if chosen is None:
             names = ", ".join(repr(name) for name in by_module if name is not None) or "none"
             raise _LimitError(f"module {request.module!r} is not served here (modules served: {names})")
+        _check_domain(chosen, request.domain)
         start = time.perf_counter()
-        hits = await batcher.search(chosen, texts, k)
+        hits = await batcher.search(chosen, texts, k, request.domain)
         took = (time.perf_counter() - start) * 1000
         return SearchResponse(results=[[HitOut(**h.__dict__) for h in row] for row in hits], took_ms=took)
 
@@ -189,6 +193,18 @@ def _index_info(retriever: Retriever) -> dict:
         "rows": index.rows,
         "folder": str(index.folder),
     }
+
+
+def _check_domain(retriever: Retriever, domain: str | None) -> None:
+    """A domain goes with a fixed route, which needs one it knows (or a fallback)."""
+    route = retriever.route
+    if route is None or route.spec.type != "fixed":
+        if domain is not None:
+            raise _LimitError("domain: the service routes no queries by domain (it serves no fixed route)")
+        return
+    if domain not in route.spec.domains and route.spec.fallback is None:
+        known = ", ".join(repr(d) for d in route.spec.domains)
+        raise _LimitError(f"domain {domain!r} is not routed here (domains: {known})")
 
 
 def _check(k: int, texts: list[str], limits: Limits) -> None:

@@ -16,6 +16,7 @@ class _Pending:
     texts: list[str]
     k: int
     done: asyncio.Future = field(repr=False)
+    domain: str | None = None
 
 
 class MicroBatcher:
@@ -50,11 +51,14 @@ class MicroBatcher:
             await self._worker
         self._worker = None
 
-    async def search(self, retriever: Retriever, texts: list[str], k: int) -> list[list[Hit]]:
-        """`retriever`'s hits for `texts`, encoded together with whatever other requests are waiting."""
+    async def search(
+        self, retriever: Retriever, texts: list[str], k: int, domain: str | None = None
+    ) -> list[list[Hit]]:
+        """`retriever`'s hits for `texts` (of `domain`, for a fixed route), encoded together with whatever
+        other requests are waiting."""
         if self._queue is None:
             raise RuntimeError("the batcher is not started")
-        pending = _Pending(retriever, texts, k, asyncio.get_running_loop().create_future())
+        pending = _Pending(retriever, texts, k, asyncio.get_running_loop().create_future(), domain)
         await self._queue.put(pending)
         return await pending.done
 
@@ -96,7 +100,10 @@ class MicroBatcher:
             retriever = batch[numbers[0]].retriever
             retriever.encoder.activate(retriever.module)
             texts = [text for n in numbers for text in batch[n].texts]
-            vectors = retriever.encode_queries(texts, batch_size=max(len(texts), 1))
+            domains = None
+            if retriever.route is not None and retriever.route.spec.type == "fixed":
+                domains = [batch[n].domain for n in numbers for _ in batch[n].texts]
+            vectors = retriever.encode_queries(texts, batch_size=max(len(texts), 1), domains=domains)
             self.batches += 1
             start = 0
             for n in numbers:
