@@ -173,5 +173,5 @@ def test_training_on_two_collections_reads_each_examples_documents_from_its_own(
     tagged[1] = tagged[1].model_copy(update={"negatives": ["missing-doc"]})
     write_examples(tmp_path / "bad.jsonl", tagged)
     bad = make_config((root, tmp_path / "bad.jsonl"), tiny_model, data={"collections": {"other": str(other)}})
-    with pytest.raises(DataError, match=r"bad.jsonl:2: error: 1 document ids not in the corpus: 'missing-doc'"):
+    with pytest.raises(DataError, match=r"bad.jsonl:2: error: 1 document ids not in the corpus: 'missing"):
         read_training_inputs(bad.data)
