@@ -85,9 +85,8 @@ def main() -> None:
     }
     print(json.dumps(summary, indent=2))
     result = {
-        "command": "python -m benchmarks.rerank_cost " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "output"
-        ),
+        "command": "python -m benchmarks.rerank_cost "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "output"),
         "settings": {k: str(v) for k, v in vars(args).items()},
         "summary": summary,
         "queries": rows,
