@@ -61,16 +61,15 @@ def test_the_listwise_loss_is_the_positives_cross_entropy_over_its_group():
 
 
 def test_a_batch_holds_each_querys_pairs_positive_first(collection, tiny_model: Path):
+    from densekit.training.sampling import local_batch_rows
+
     task = make_task(make_config(collection, tiny_model))
     batch = task.batch(epoch=0, step=0)
     assert batch.size == 4 and len(batch.pairs) == 12
     tokenizer = task.module.tokenizer
-    rows = task.batch(0, 0)
-    from densekit.training.sampling import local_batch_rows
-
     first = int(local_batch_rows(len(task.examples), 4, 0, 0, task.config.seed)[0])
     positive, negatives = task.sampler.group(first, 0)
-    decoded = tokenizer.decode(rows.pairs[0]["input_ids"], skip_special_tokens=True)
+    decoded = tokenizer.decode(batch.pairs[0]["input_ids"], skip_special_tokens=True)
     assert decoded.endswith(tokenizer.decode(tokenizer(task.texts[positive])["input_ids"][1:-1]))
     assert positive in task.examples[first].positives and negatives[0] in task.examples[first].negatives
 
