@@ -297,7 +297,7 @@ def test_training_a_router_changes_only_the_router_and_saves_a_route_that_loads(
     assert all(figures <= row.keys() for row in rows if "loss" in row)
     inputs = query_inputs(route.encoder)
     assert np.allclose(route.encode_queries(QUERIES), embed_like(route, inputs), atol=1e-6)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="not modules and route"):
         make_config(collection, tiny_model, route={"modules": module_folders}, modules={"type": "lora"})
 
 
@@ -480,3 +480,110 @@ def test_the_service_routes_a_requests_queries_by_its_domain(
         unknown = http.post("/search", json={"query": "q", "domain": "z"}, headers=auth)
         assert unknown.status_code == 422 and "'x', 'y'" in unknown.json()["detail"]
         assert http.get("/info", headers=auth).json()["route"]["domains"] == {"x": "a", "y": "b"}
+
+
+def test_a_fresh_hypernetworks_modules_are_the_base_and_a_generated_module_is_an_ordinary_one(
+    encoder: DenseEncoder, tmp_path: Path
+):
+    from densekit.models.modules.hypernetwork import HyperSpec, LoraHypernetwork
+    from densekit.models.modules.specs import LoraSpec
+
+    torch.manual_seed(0)
+    network = LoraHypernetwork(encoder, HyperSpec(lora=LoraSpec(rank=4, towers="query"), domains=["x", "y"]))
+    inputs = query_inputs(encoder)
+    with torch.no_grad():
+        fresh = network.encode(network.embedding("x"), inputs["input_ids"], inputs["attention_mask"])
+        assert torch.equal(fresh, by_module(encoder, None))  # B maps start at zero, as a new LoRA's B
+        for generator in network.maps:
+            generator.weight.normal_(0, 0.3)
+        generated = {d: network.encode(network.embedding(d), inputs["input_ids"], inputs["attention_mask"])
+                     for d in ("x", "y")}  # fmt: skip
+    assert (generated["x"] - generated["y"]).abs().max() > 1e-3  # each domain its own module
+    network.module_for("x")
+    assert torch.allclose(by_module(encoder, "x"), generated["x"], atol=1e-6)
+    encoder.activate("x")
+    encoder.save(tmp_path / "x")  # saves, loads and merges like any module
+    loaded = DenseEncoder.load(tmp_path / "x").eval()
+    assert torch.allclose(by_module(loaded, "x"), generated["x"], atol=1e-6)
+    assert torch.allclose(by_module(merged_encoder(encoder).eval(), None), generated["x"], atol=1e-5)
+
+
+def test_training_a_hypernetwork_changes_only_it_and_saves_one_that_loads(
+    collection, tiny_model: Path, tmp_path: Path
+):
+    from densekit.data.examples import read_examples, write_examples
+    from densekit.fine_tuning import run_training
+    from densekit.models.modules.hypernetwork import LoraHypernetwork
+
+    from .test_training import make_config
+
+    root, train = collection
+    tagged = [e.model_copy(update={"domain": "even" if i % 2 == 0 else "odd"})
+              for i, e in enumerate(read_examples(train))]  # fmt: skip
+    write_examples(tmp_path / "tagged.jsonl", tagged)
+    section = {"lora": {"type": "lora", "rank": 4, "towers": "query"}, "embedding": 8}
+    config = make_config((root, tmp_path / "tagged.jsonl"), tiny_model, hypernetwork=section,
+                         data={"batches": "by_domain"}, optim={"learning_rate": 1e-2})  # fmt: skip
+    run_training(config, tmp_path / "run", show_progress=False)
+    network = LoraHypernetwork.load(tmp_path / "run" / "model")
+    assert network.spec.domains == ["even", "odd"]
+    base = DenseEncoder.load(tiny_model, pooling="mean")
+    assert network.encoder.base_fingerprint() == base.base_fingerprint()  # the base did not move
+    inputs = query_inputs(network.encoder)
+    with torch.no_grad():
+        even, odd = (network.encode(network.embedding(d), inputs["input_ids"], inputs["attention_mask"])
+                     for d in ("even", "odd"))  # fmt: skip
+        plain = by_module(network.encoder, None)
+    assert (even - plain).abs().max() > 1e-4 and (even - odd).abs().max() > 1e-5
+    with pytest.raises(ValueError, match="by_domain"):
+        make_config((root, tmp_path / "tagged.jsonl"), tiny_model, hypernetwork=section)
+    with pytest.raises(ValueError, match="not modules and hypernetwork"):
+        make_config((root, tmp_path / "tagged.jsonl"), tiny_model, hypernetwork=section,
+                    modules={"type": "lora"}, data={"batches": "by_domain"})  # fmt: skip
+
+
+def test_a_new_domain_fits_only_its_embedding_and_its_generated_module_is_written(
+    collection, tiny_model: Path, tmp_path: Path
+):
+    from typer.testing import CliRunner
+
+    from densekit.cli.main import app
+    from densekit.data.examples import read_examples, write_examples
+    from densekit.fine_tuning import run_training
+    from densekit.models.modules.hypernetwork import LoraHypernetwork
+
+    from .test_training import make_config
+
+    root, train = collection
+    examples = read_examples(train)
+    write_examples(tmp_path / "two.jsonl", [e.model_copy(update={"domain": "even" if i % 2 == 0 else "odd"})
+                                            for i, e in enumerate(examples)])  # fmt: skip
+    write_examples(tmp_path / "new.jsonl", [e.model_copy(update={"domain": "new"}) for e in examples[:8]])
+    section = {"lora": {"type": "lora", "rank": 4, "towers": "query"}, "embedding": 8}
+    first = make_config((root, tmp_path / "two.jsonl"), tiny_model, hypernetwork=section,
+                        data={"batches": "by_domain"}, optim={"learning_rate": 1e-2})  # fmt: skip
+    run_training(first, tmp_path / "two", show_progress=False)
+    fitting = {**section, "start": str(tmp_path / "two" / "model"), "new_domain": "new"}
+    by_domain = {"batches": "by_domain"}
+    fit = make_config((root, tmp_path / "new.jsonl"), tiny_model, hypernetwork=fitting, data=by_domain,
+                      optim={"learning_rate": 5e-2, "batch_size": 4})  # fmt: skip
+    run_training(fit, tmp_path / "fit", show_progress=False)
+    before, after = (
+        LoraHypernetwork.load(tmp_path / "two" / "model"),
+        LoraHypernetwork.load(tmp_path / "fit" / "model"),
+    )
+    assert after.spec.domains == ["even", "odd", "new"]
+    assert torch.equal(after.embeddings[:2], before.embeddings)  # the known domains' embeddings kept
+    maps_before, maps_after = before.maps.state_dict(), after.maps.state_dict()
+    assert all(torch.equal(maps_after[k], v) for k, v in maps_before.items())  # the maps frozen
+    assert not torch.allclose(after.embeddings[2], before.embeddings.mean(0))  # the new one was fitted
+
+    command = ["modules", "generate", str(tmp_path / "fit" / "model"), "--domain", "new", "-o",
+               str(tmp_path / "new-module")]  # fmt: skip
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0, result.output
+    module = DenseEncoder.load(tmp_path / "new-module").eval()
+    inputs = query_inputs(module)
+    with torch.no_grad():
+        expected = after.encode(after.embedding("new"), inputs["input_ids"], inputs["attention_mask"])
+    assert torch.allclose(by_module(module, "new"), expected, atol=1e-6)

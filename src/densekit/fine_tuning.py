@@ -20,7 +20,7 @@ from densekit.retrieval.in_memory import evaluate_encoder
 from densekit.training.config import CrossEncoderTrainConfig, DataSection, TrainConfig
 from densekit.training.contrastive import ContrastiveTask
 from densekit.training.listwise import CrossEncoderTask
-from densekit.training.modules import prepare_module, prepare_route
+from densekit.training.modules import prepare_hypernetwork, prepare_module, prepare_route
 from densekit.training.run import start_run
 from densekit.training.trainer import EvaluationHook, Trainer
 
@@ -95,7 +95,10 @@ def run_training(
     encoder = DenseEncoder.load(config.model.path, config.model.trust_remote_code, **overrides).to(device)
     route = prepare_route(encoder, config.route) if config.route is not None else None
     folders = config.route.modules if config.route is not None else None
-    task = ContrastiveTask(encoder, examples, texts, config, route, folders)
+    hypernetwork = None
+    if config.hypernetwork is not None:
+        hypernetwork = prepare_hypernetwork(encoder, config.hypernetwork, examples)
+    task = ContrastiveTask(encoder, examples, texts, config, route, folders, hypernetwork)
     if config.modules is not None:
         prepare_module(encoder, config.modules, task)
 

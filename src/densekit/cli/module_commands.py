@@ -108,6 +108,23 @@ def average(
     log.info("wrote %s: %s", output, " + ".join(f"{w:g} x {n}" for w, n in zip(values, names, strict=True)))
 
 
+@modules_app.command("generate")
+def generate(
+    hypernetwork: Annotated[Path, typer.Argument(help="A trained hypernetwork's folder.")],
+    domain: Annotated[str, typer.Option(help="The domain whose module to write.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The module folder to write.")],
+) -> None:
+    """Write the module a hypernetwork generates for one of its domains: an ordinary LoRA module folder
+    (query-only) that every command takes with --module."""
+    from densekit.models.modules.hypernetwork import LoraHypernetwork
+
+    network = LoraHypernetwork.load(hypernetwork)
+    network.module_for(domain)
+    network.encoder.activate(domain)
+    network.encoder.save(output)
+    log.info("wrote %s: the module of domain %r", output, domain)
+
+
 @modules_app.command("diagnose")
 def diagnose(
     route_dir: Annotated[Path, typer.Argument(help="A route folder.")],

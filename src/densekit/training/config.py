@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from densekit.encoding.passages import MaxPSettings
 from densekit.mining.filters import MiningSettings
 from densekit.models.config import Pooling
-from densekit.models.modules.specs import ModuleSpec
+from densekit.models.modules.specs import LoraSpec, ModuleSpec
 from densekit.training.groups import Shortfall
 
 NORMALIZED_TEMPERATURE = 0.05
@@ -186,6 +186,24 @@ class RouteSection(Section):
     )
 
 
+class HypernetworkSection(Section):
+    """Train a hypernetwork that generates a query-only LoRA module per domain from a learned domain
+    embedding, across every domain of the examples at once (needs data.batches by_domain)."""
+
+    lora: LoraSpec = LoraSpec(rank=8, towers="query")
+    embedding: int = Field(16, gt=0, description="size of a domain's embedding")
+    start: str | None = Field(
+        None, description="a trained hypernetwork's folder: fit a new domain's embedding on it (new_domain)"
+    )
+    new_domain: str | None = Field(None, description="with start: the domain whose embedding alone is fitted")
+
+    @model_validator(mode="after")
+    def _start_and_new_domain(self) -> HypernetworkSection:
+        if (self.start is None) != (self.new_domain is None):
+            raise ValueError("hypernetwork.start and hypernetwork.new_domain go together")
+        return self
+
+
 class CheckpointSection(Section):
     """How often to save and how many checkpoints to keep."""
 
@@ -229,19 +247,29 @@ class TrainConfig(RunConfig):
     route: RouteSection | None = Field(
         None, description="train a router among saved modules on the frozen model (docs/routing.md)"
     )
+    hypernetwork: HypernetworkSection | None = Field(
+        None, description="train a hypernetwork generating a module per domain (docs/routing.md)"
+    )
 
     def input_paths(self) -> dict[str, str]:
         """The starting model, the collection, the training examples and the modules routed among."""
         paths = {"model.path": self.model.path, "data.path": self.data.path, "data.train": self.data.train}
         paths.update({f"data.collections.{domain}": path for domain, path in self.data.collections.items()})
+        if self.hypernetwork is not None and self.hypernetwork.start is not None:
+            paths["hypernetwork.start"] = self.hypernetwork.start
         if self.route is not None:
             paths.update({f"route.modules.{name}": folder for name, folder in self.route.modules.items()})
         return paths
 
     @model_validator(mode="after")
     def _one_thing_to_train(self) -> TrainConfig:
-        if self.route is not None and self.modules is not None:
-            raise ValueError("set modules (train a module) or route (a router among saved ones), not both")
+        chosen = [name for name in ("modules", "route", "hypernetwork") if getattr(self, name) is not None]
+        if len(chosen) > 1:
+            raise ValueError(f"set one of modules, route and hypernetwork, not {' and '.join(chosen)}")
+        if self.hypernetwork is not None and self.data.batches != "by_domain":
+            raise ValueError(
+                "hypernetwork: set data.batches to by_domain (each batch trains one domain's module)"
+            )
         if self.ance.enabled and self.data.collections:
             raise ValueError("ance with data.collections: the inferencer indexes data.path's corpus only")
         if self.route is not None and self.eval.split is not None:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from densekit.data.examples import TrainingExample
 from densekit.encoding.device import autocast
 from densekit.models.encoder import DenseEncoder
+from densekit.models.modules.hypernetwork import LoraHypernetwork
 from densekit.models.modules.route import Route
 from densekit.models.modules.routing import load_balancing_loss, soft_weights
 from densekit.training import distributed
@@ -54,6 +55,8 @@ class ContrastiveBatch:
     # (queries x group_size) the teacher's score of each query's group, positive first; None: no
     # distillation
     teacher: torch.Tensor | None = None
+    # the batch's one domain, with domain batching; None otherwise
+    domain: str | None = None
 
     @property
     def size(self) -> int:
@@ -124,13 +127,15 @@ class ContrastiveTask:
         config: TrainConfig,
         route: Route | None = None,
         module_folders: dict[str, str] | None = None,
+        hypernetwork: LoraHypernetwork | None = None,
     ):
         self.encoder = encoder
         # with a route, only its router trains: queries are routed among frozen modules, passages are
-        # the base's
+        # the base's; with a hypernetwork, only it trains: queries go through its batch's domain's module
         self.route = route
         self.module_folders = module_folders or {}
-        self.module = encoder if route is None else route
+        self.hypernetwork = hypernetwork
+        self.module = route or hypernetwork or encoder
         self.examples = examples
         self.texts = texts
         self.config = config
@@ -198,6 +203,7 @@ class ContrastiveTask:
             self.config.data.group_size,
             self.false_negatives(epoch, step) if self.config.loss.mask_false_negatives else None,
             torch.tensor(teacher, dtype=torch.float32) if teacher else None,
+            self.examples[int(rows[0])].domain if self.config.data.batches == "by_domain" else None,
         )
 
     def grouping(self, epoch: int) -> LengthGrouping | DomainBatching | None:
@@ -244,7 +250,7 @@ class ContrastiveTask:
             mask[i, i * self.config.data.group_size] = False  # the target itself
         return mask if bool(mask.any()) else None
 
-    def _encode(self, kind: str):
+    def _encode(self, kind: str, domain: str | None = None):
         device = self.encoder.device
         precision = self.config.optim.precision
 
@@ -255,6 +261,9 @@ class ContrastiveTask:
             with autocast(device, precision):
                 if self.route is not None and kind == "query":
                     vectors = self.route(input_ids, attention_mask)
+                elif self.hypernetwork is not None and kind == "query":
+                    embedding = self.hypernetwork.embedding(domain)
+                    vectors = self.hypernetwork.encode(embedding, input_ids, attention_mask)
                 else:
                     vectors = self.encoder(input_ids, attention_mask, kind=kind)
             return vectors, None
@@ -293,7 +302,7 @@ class ContrastiveTask:
 
     def forward_backward(self, batch: ContrastiveBatch, scale: float = 1.0) -> dict[str, float]:
         """Compute the loss of `batch` times `scale` and back-propagate it; returns the unscaled loss."""
-        encode_queries, encode_passages = self._encode("query"), self._encode("passage")
+        encode_queries, encode_passages = self._encode("query", batch.domain), self._encode("passage")
         cache = self.config.grad_cache
         if cache.enabled:
             loss, _ = cached_backward(
@@ -342,6 +351,8 @@ class ContrastiveTask:
         """Save the trained encoder as a model folder, or the trained route as a route folder."""
         if self.route is not None:
             self.route.save(path, self.module_folders)
+        elif self.hypernetwork is not None:
+            self.hypernetwork.save(path)
         else:
             self.encoder.save(path)
 

@@ -7,14 +7,16 @@ from typing import Any
 
 import torch
 
+from densekit.data.examples import TrainingExample
 from densekit.models.encoder import DenseEncoder
+from densekit.models.modules.hypernetwork import HyperSpec, LoraHypernetwork
 from densekit.models.modules.module import EncoderModule
 from densekit.models.modules.own_kinds import choose_sparse_indices, sparse_targets
 from densekit.models.modules.route import Route
 from densekit.models.modules.routing import RouteSpec
 from densekit.models.modules.specs import SparseDiffSpec
 from densekit.training import distributed
-from densekit.training.config import RouteSection
+from densekit.training.config import HypernetworkSection, RouteSection
 
 log = logging.getLogger("densekit")
 
@@ -100,3 +102,26 @@ def prepare_route(encoder: DenseEncoder, section: RouteSection) -> Route:
     log.info("router over modules %s (%s): trainable %s parameters", ", ".join(spec.modules), spec.type,
              f"{sum(p.numel() for p in route.router.parameters()):,}")  # fmt: skip
     return route
+
+
+def prepare_hypernetwork(
+    encoder: DenseEncoder, section: HypernetworkSection, examples: list[TrainingExample]
+) -> LoraHypernetwork:
+    """A fresh hypernetwork over the examples' domains, the only thing that trains; or, with
+    `section.start`, that saved one with `section.new_domain` added, whose embedding alone trains."""
+    domains = sorted({e.domain for e in examples if e.domain is not None})
+    for parameter in encoder.parameters():
+        parameter.requires_grad_(False)
+    if section.start is None:
+        network = LoraHypernetwork(encoder, HyperSpec(lora=section.lora, domains=domains,
+                                                      embedding=section.embedding))  # fmt: skip
+    else:
+        if domains != [section.new_domain]:
+            raise ValueError(f"hypernetwork.new_domain {section.new_domain!r}: every example must be of that "
+                             f"domain (they are of {', '.join(domains) or 'none'})")  # fmt: skip
+        network = LoraHypernetwork.load(section.start, encoder.device, encoder)
+        network.add_domain(section.new_domain)
+    trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
+    log.info("hypernetwork over domains %s: trainable %s parameters", ", ".join(network.spec.domains),
+             f"{trainable:,}")  # fmt: skip
+    return network
