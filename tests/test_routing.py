@@ -587,3 +587,33 @@ def test_a_new_domain_fits_only_its_embedding_and_its_generated_module_is_writte
     with torch.no_grad():
         expected = after.encode(after.embedding("new"), inputs["input_ids"], inputs["attention_mask"])
     assert torch.allclose(by_module(module, "new"), expected, atol=1e-6)
+
+
+def test_the_multi_domain_recipe_runs_end_to_end_on_tiny_collections(tiny_st_model: Path, tmp_path: Path):
+    from densekit.recipes.runner import run_recipe
+
+    from .conftest import CORPUS, QRELS, QUERIES, write_beir
+    from .training_fixtures import write_training_collection
+
+    for name in ("scifact", "nfcorpus"):
+        write_training_collection(tmp_path / name)
+    for name in ("vaswani", "cranfield"):
+        write_beir(tmp_path / name, CORPUS, QUERIES, QRELS)
+    overrides = [f"data.{name}={tmp_path / name}" for name in ("scifact", "nfcorpus", "vaswani", "cranfield")]
+    overrides += [f"model.path={tiny_st_model}", "train.batch_size=4", "router.batch_size=4", "module.rank=4",
+                  "negatives.count=4"]  # fmt: skip
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "multi-domain.yaml"
+    metrics = run_recipe(recipe, tmp_path / "out", overrides, device="cpu", show_progress=False)
+    assert 0 <= metrics["nDCG@10"] <= 1
+    table = json.loads((tmp_path / "out" / "table.json").read_text())
+    assert list(table["rows"]) == [
+        "BM25", "base zero-shot", "multi-task module", "SciFact module", "NFCorpus module", "fixed routing",
+        "learned soft", "top-1", "parameter averaging", "fusion", "hypernetwork",
+    ]  # fmt: skip
+    assert all(
+        set(row) == {"scifact", "nfcorpus", "vaswani", "cranfield", "mean"} for row in table["rows"].values()
+    )
+    fixed = table["rows"]["fixed routing"]
+    scifact_alone, base = table["rows"]["SciFact module"], table["rows"]["base zero-shot"]
+    assert fixed["scifact"] == pytest.approx(scifact_alone["scifact"])  # its domain's module
+    assert fixed["vaswani"] == pytest.approx(base["vaswani"])  # an unknown domain falls back to the base

@@ -3,7 +3,7 @@
 A recipe is YAML: free sections of values (`data`, `model`, ...) that strings refer to as
 `{data.path}` (and `{out}`, the output folder), and `steps`, an ordered mapping of named steps, each
 with a `type` (mine, train, train_cross_encoder, score, encode, index, search, bm25, rerank,
-evaluate) and its parameters. Any value can be
+evaluate; merge_examples, route, average, generate, benchmark, table) and its parameters. Any value can be
 overridden as `dotted.key=value` (`data.path=/some/beir/folder`, `steps.round1.config.optim.epochs=2`).
 
 Each finished step leaves `OUT/.steps/<name>.json` recording its resolved parameters and the digests
@@ -41,6 +41,7 @@ from densekit.io.artefact import write_folder_manifest
 from densekit.io.atomic import write_text_atomic
 from densekit.io.outputs import claim_folder
 from densekit.models.hub import resolve_model_path
+from densekit.recipes.module_steps import MODULE_STEP_TYPES
 from densekit.recipes.steps import STEP_TYPES, EvaluateStep, Step, TrainerStep, describe
 from densekit.training import distributed
 
@@ -52,6 +53,7 @@ KIND = "recipe run"
 RECIPE_ENTRIES = (MARKERS, "recipe.yaml", "timings.json", "metrics.json")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.]*)\}")
 _RESERVED = {"description", "expected", "steps"}
+ALL_STEP_TYPES = {**STEP_TYPES, **MODULE_STEP_TYPES}
 
 
 def _lookup(context: dict[str, Any], dotted: str, where: str) -> Any:
@@ -151,10 +153,10 @@ def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[st
     steps = {}
     for name, raw in steps_tree.items():
         resolved = resolve(raw, context, f"steps.{name}")
-        step_type = STEP_TYPES.get(resolved.get("type")) if isinstance(resolved, dict) else None
+        step_type = ALL_STEP_TYPES.get(resolved.get("type")) if isinstance(resolved, dict) else None
         if step_type is None:
             raise DataError(
-                [Problem(Path(path), None, f"steps.{name}: type must be one of {', '.join(STEP_TYPES)}")]
+                [Problem(Path(path), None, f"steps.{name}: type must be one of {', '.join(ALL_STEP_TYPES)}")]
             )
         prefix = ("steps", name)
         step_lines = {key[2:]: line for key, line in lines.items() if key[:2] == prefix}
