@@ -42,20 +42,12 @@ ModulesArg = Annotated[
 
 
 def _load_modules(folders: list[Path]):
-    """The base the first module names, with every module on it and none active."""
-    from densekit.models.encoder import DenseEncoder
+    """Two or more modules on their base (see `load_modules`)."""
+    from densekit.models.modules.route import load_modules
 
     if len(folders) < 2:
         raise ValueError("give two or more module folders")
-    encoder = DenseEncoder.load(folders[0])
-    names = [encoder.active]
-    for folder in folders[1:]:
-        name = encoder.load_module(folder).name
-        if name in names:
-            raise ValueError(f"{folder}: a module called {name!r} is given twice")
-        names.append(name)
-    encoder.activate(None)
-    return encoder, names
+    return load_modules(folders)
 
 
 @modules_app.command("route")

@@ -16,7 +16,7 @@ from densekit.io.outputs import check_file_output, write_output_text
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.averaging import average_modules
 from densekit.models.modules.hypernetwork import LoraHypernetwork
-from densekit.models.modules.route import Route, is_route_folder
+from densekit.models.modules.route import Route, is_route_folder, load_modules
 from densekit.models.modules.routing import RouteSpec
 from densekit.recipes.steps import Step
 
@@ -24,15 +24,11 @@ TABLE_KIND = "benchmark table"
 
 
 def _load_modules(folders: dict[str, str]) -> DenseEncoder:
-    """The base the first module names, with every module on it (each under its own name)."""
-    items = list(folders.items())
-    encoder = DenseEncoder.load(items[0][1])
-    for _, folder in items[1:]:
-        encoder.load_module(folder)
-    for name, folder in items:
-        if name not in encoder.attached:
-            raise ValueError(f"{folder} holds no module called {name!r}")
-    encoder.activate(None)
+    """The modules on their base, each of them the module its key names."""
+    encoder, names = load_modules(list(folders.values()))
+    for (name, folder), held in zip(folders.items(), names, strict=True):
+        if name != held:
+            raise ValueError(f"{folder} holds module {held!r}, not {name!r}")
     return encoder
 
 

@@ -37,6 +37,22 @@ ROUTE_KIND = "route"
 ROUTER_WEIGHTS = "router.safetensors"
 
 
+def load_modules(folders: Sequence[str | Path]) -> tuple[DenseEncoder, list[str]]:
+    """The base the first module folder names, with every module on it and none active, and their
+    names in order; two modules of one name are an error."""
+    if len(folders) < 1:
+        raise ValueError("give at least one module folder")
+    encoder = DenseEncoder.load(folders[0])
+    names = [encoder.active]
+    for folder in folders[1:]:
+        name = encoder.load_module(folder).name
+        if name in names:
+            raise ValueError(f"{folder}: a module called {name!r} is given twice")
+        names.append(name)
+    encoder.activate(None)
+    return encoder, names
+
+
 def is_route_folder(path: str | Path) -> bool:
     """Whether `path` is a folder holding a saved route."""
     return (Path(path) / ROUTE_FILE).is_file()
