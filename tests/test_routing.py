@@ -371,6 +371,9 @@ def test_the_route_and_average_commands_and_search_with_a_route(
     result = runner.invoke(app, ["search", str(tmp_path / "route"), str(tmp_path / "index"), str(beir_dir),
                                  "--domain", "z", "-o", str(tmp_path / "z.trec")])  # fmt: skip
     assert result.exit_code != 0 and not (tmp_path / "z.trec").exists()
+    result = runner.invoke(app, ["search", str(tmp_path / "route"), str(tmp_path / "index"), str(beir_dir),
+                                 "--pooling", "cls", "-o", str(tmp_path / "cls.trec")])  # fmt: skip
+    assert result.exit_code != 0 and "--pooling do not apply" in str(result.exception)
 
     result = runner.invoke(app, ["modules", "average", str(tmp_path / "a"), str(tmp_path / "b"),
                                  "--weights", "0.5,0.5", "-o", str(tmp_path / "ab")])  # fmt: skip
@@ -568,6 +571,10 @@ def test_a_new_domain_fits_only_its_embedding_and_its_generated_module_is_writte
     fit = make_config((root, tmp_path / "new.jsonl"), tiny_model, hypernetwork=fitting, data=by_domain,
                       optim={"learning_rate": 5e-2, "batch_size": 4})  # fmt: skip
     run_training(fit, tmp_path / "fit", show_progress=False)
+    other = make_config((root, tmp_path / "new.jsonl"), tiny_model, hypernetwork={**fitting, "embedding": 4},
+                        data=by_domain, optim={"batch_size": 4})  # fmt: skip
+    with pytest.raises(ValueError, match=r"hypernetwork.embedding: .* was trained with 8"):
+        run_training(other, tmp_path / "other", show_progress=False)
     before, after = (
         LoraHypernetwork.load(tmp_path / "two" / "model"),
         LoraHypernetwork.load(tmp_path / "fit" / "model"),
@@ -617,3 +624,32 @@ def test_the_multi_domain_recipe_runs_end_to_end_on_tiny_collections(tiny_st_mod
     scifact_alone, base = table["rows"]["SciFact module"], table["rows"]["base zero-shot"]
     assert fixed["scifact"] == pytest.approx(scifact_alone["scifact"])  # its domain's module
     assert fixed["vaswani"] == pytest.approx(base["vaswani"])  # an unknown domain falls back to the base
+
+
+def test_settings_a_route_would_ignore_are_refused(collection, tiny_model: Path, encoder: DenseEncoder):
+    from densekit.cli.options import load_route
+
+    from .test_training import make_config
+
+    with pytest.raises(ValueError, match="k applies to a top_k route"):
+        RouteSpec(type="soft", modules=["a", "b"], k=1)
+    with pytest.raises(ValueError, match="apply to a fixed route"):
+        RouteSpec(type="soft", modules=["a", "b"], domains={"x": "a"})
+    folders = {"a": "a", "b": "b"}
+    with pytest.raises(ValueError, match=r"no load-balancing term"):
+        make_config(
+            collection, tiny_model, route={"type": "fusion", "modules": folders, "load_balancing": 0.1}
+        )
+    with pytest.raises(ValueError, match=r"route\.k applies to top_k"):
+        make_config(collection, tiny_model, route={"type": "soft", "modules": folders, "k": 1})
+    with pytest.raises(ValueError, match=r"eval\.split with hypernetwork"):
+        make_config(
+            collection, tiny_model, hypernetwork={}, data={"batches": "by_domain"}, eval={"split": "test"}
+        )
+    with pytest.raises(ValueError, match="does not combine with"):
+        make_config(collection, tiny_model, route={"modules": folders}, ance={"enabled": True})
+    soft = Route(encoder, RouteSpec(type="soft", modules=["a", "b"]))
+    with pytest.raises(ValueError, match="domains apply to a fixed one"):
+        soft.encode_queries(QUERIES, ["x"] * len(QUERIES))
+    with pytest.raises(ValueError, match="--domain chooses a module through a route"):
+        load_route(str(tiny_model), "cpu", None, "x")

@@ -22,6 +22,7 @@ from densekit.cli.options import (
     ProgressOpt,
     SplitOpt,
     load_encoder,
+    load_route,
 )
 from densekit.data.trec import RUN_KIND, read_qrels, read_run, write_run
 from densekit.diagnostics import Diagnostics
@@ -89,17 +90,9 @@ def benchmark(
 
     measures = measure or ["nDCG@10", "R@100"]
     parse_measures(measures)
-    from densekit.encoding.device import resolve_device
-    from densekit.models.modules.route import Route, is_route_folder
-
-    route = None
-    if is_route_folder(model):
-        if module is not None:
-            raise ValueError(f"{model} is a route folder: it names its modules; --module does not apply")
-        route = Route.load(model, resolve_device(device))
+    route = load_route(model, device, module, domain)
+    if route is not None:
         encoder = route.encoder
-    elif domain:
-        raise ValueError("--domain applies to a route: give a route folder as MODEL")
     else:
         encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
     result = run_benchmark(

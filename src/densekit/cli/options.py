@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from densekit.models.config import Pooling
 from densekit.models.encoder import DenseEncoder
+
+if TYPE_CHECKING:
+    from densekit.models.modules.route import Route
 
 ModelArg = Annotated[
     str, typer.Argument(help="A model folder (Hugging Face, sentence-transformers or densekit) or a hub id.")
@@ -84,3 +87,25 @@ def load_encoder(
         passage_prefix=passage_prefix,
     )
     return encoder.to(resolve_device(device))
+
+
+def load_route(
+    model: str, device: str, module: Path | None, domain: object, **overrides: object
+) -> Route | None:
+    """The route when `model` is a route folder, else None. A route names its base, modules and settings,
+    so `module` and encoder `overrides` are refused with one; `domain` (a fixed route's) is refused
+    without one."""
+    from densekit.encoding.device import resolve_device
+    from densekit.models.modules.route import Route, is_route_folder
+
+    if not is_route_folder(model):
+        if domain:
+            raise ValueError("--domain chooses a module through a route: give a route folder as MODEL")
+        return None
+    given = [f"--{name.replace('_', '-')}" for name, value in overrides.items() if value is not None]
+    if module is not None or given:
+        named = ", ".join([*(["--module"] if module is not None else []), *given])
+        raise ValueError(
+            f"{model} is a route folder: it names its base, modules and settings; {named} do not apply"
+        )
+    return Route.load(model, resolve_device(device))

@@ -29,6 +29,7 @@ from densekit.cli.options import (
     RemoteCodeOpt,
     SplitOpt,
     load_encoder,
+    load_route,
 )
 from densekit.data.dataset import Dataset
 from densekit.data.trec import RUN_KIND, write_run
@@ -247,23 +248,20 @@ def search(
     """Encode a split's queries and write their top k documents from the index as a TREC run. MODEL may be
     a route folder (docs/routing.md): queries are then routed among its modules, over an index of the
     base's passages."""
-    from densekit.encoding.device import resolve_device
     from densekit.index import SearchIndex
-    from densekit.models.modules.route import Route, is_route_folder
     from densekit.retrieval.retriever import Retriever
 
     check_file_output(output, RUN_KIND, [index_dir, data_dir, model, *([module] if module else [])])
     dataset = Dataset.open(data_dir)
     queries, _ = dataset.split_queries(split)
-    route = None
-    if is_route_folder(model):
-        if module is not None:
-            raise ValueError(f"{model} is a route folder: it names its modules; --module does not apply")
-        route = Route.load(model, resolve_device(device))
+    route = load_route(
+        model, device, module, domain, pooling=pooling, normalize=normalize,
+        query_max_length=query_max_length, passage_max_length=passage_max_length, query_prefix=query_prefix,
+        passage_prefix=passage_prefix, trust_remote_code=trust_remote_code or None,
+    )  # fmt: skip
+    if route is not None:
         encoder = route.encoder
     else:
-        if domain is not None:
-            raise ValueError("--domain chooses a module through a route: give a route folder as MODEL")
         encoder = load_encoder(
             model, device, pooling, normalize, query_max_length, passage_max_length,
             query_prefix, passage_prefix, trust_remote_code, module,

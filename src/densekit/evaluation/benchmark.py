@@ -130,6 +130,8 @@ def run_benchmark(
     names = collection_names(data_dirs)
     if domains is not None and len(domains) != len(data_dirs):
         raise ValueError(f"{len(domains)} domains for {len(data_dirs)} collections")
+    if domains is not None and (route is None or route.spec.type != "fixed"):
+        raise ValueError("domains choose the modules of a fixed route; this benchmark has none")
     output = Path(output)
     identity = {"model": encoder.identity(), "split": split, "k": k}
     if route is not None:
@@ -141,7 +143,8 @@ def run_benchmark(
     results = []
     for number, (name, dataset) in enumerate(zip(names, datasets, strict=True), 1):
         log.info("collection %d of %d: %s (%s)", number, len(datasets), name, dataset.root)
-        domain = (domains[number - 1] if domains is not None else name) if route is not None else None
+        fixed = route is not None and route.spec.type == "fixed"
+        domain = (domains[number - 1] if domains is not None else name) if fixed else None
         result = benchmark_collection(
             encoder, model_name, dataset, output / name, split, measures, k, batch_size, show_progress,
             overwrite, route, domain,

@@ -185,6 +185,16 @@ class RouteSection(Section):
         description="soft, top_k: weight of Switch Transformer's load-balancing loss, against collapse",
     )
 
+    @model_validator(mode="after")
+    def _settings_of_its_type(self) -> RouteSection:
+        if self.type != "top_k" and self.k is not None:
+            raise ValueError(f"route.k applies to top_k, not to {self.type}")
+        if self.type == "top_k" and self.k is None:
+            raise ValueError("route.k: a top_k route needs it")
+        if self.type == "fusion" and "load_balancing" in self.model_fields_set:
+            raise ValueError("route.load_balancing: a fusion has no load-balancing term")
+        return self
+
 
 class HypernetworkSection(Section):
     """Train a hypernetwork that generates a query-only LoRA module per domain from a learned domain
@@ -272,10 +282,16 @@ class TrainConfig(RunConfig):
             )
         if self.ance.enabled and self.data.collections:
             raise ValueError("ance with data.collections: the inferencer indexes data.path's corpus only")
-        if self.route is not None and self.eval.split is not None:
+        routed = self.route is not None or self.hypernetwork is not None
+        if self.ance.enabled and (routed or self.data.batches == "by_domain"):
             raise ValueError(
-                "eval.split with a route: evaluation during training encodes without routing; "
-                "evaluate the saved route with `densekit search --route` instead"
+                "ance refreshes the negatives of a whole model or module run; it does not combine with "
+                "route, hypernetwork or data.batches by_domain"
+            )
+        if routed and self.eval.split is not None:
+            raise ValueError(
+                f"eval.split with {chosen[-1]}: evaluation during training encodes without it; evaluate "
+                "what the run saves instead (`densekit search` or `benchmark`)"
             )
         return self
 

@@ -73,6 +73,7 @@ class CrossEncoderTask:
             examples, config.data.group_size, config.seed, config.data.shortfall, list(texts)
         )
         self._grouping: tuple[int, LengthGrouping] | None = None
+        self._domains = self._domain_batching()
 
     def steps_per_epoch(self) -> int:
         """Global batches per epoch."""
@@ -95,9 +96,13 @@ class CrossEncoderTask:
 
     def grouping(self, epoch: int) -> LengthGrouping | DomainBatching | None:
         """How `epoch`'s batches are grouped: by domain, by length, or not at all."""
-        if self.config.data.batches == "by_domain":
-            return domain_batching([e.domain for e in self.examples], self.config.data.train)
-        return self.length_grouping(epoch)
+        return self._domains if self._domains is not None else self.length_grouping(epoch)
+
+    def _domain_batching(self) -> DomainBatching | None:
+        """With `data.batches: by_domain`, each example's domain (checked once, before training)."""
+        if self.config.data.batches != "by_domain":
+            return None
+        return domain_batching([e.domain for e in self.examples], self.config.data.train)
 
     def length_grouping(self, epoch: int) -> LengthGrouping | None:
         """With `data.length_grouping`, each example's length in `epoch`: the token count of the longest

@@ -120,6 +120,11 @@ def prepare_hypernetwork(
             raise ValueError(f"hypernetwork.new_domain {section.new_domain!r}: every example must be of that "
                              f"domain (they are of {', '.join(domains) or 'none'})")  # fmt: skip
         network = LoraHypernetwork.load(section.start, encoder.device, encoder)
+        for key in ("lora", "embedding"):
+            saved = getattr(network.spec, key)
+            if key in section.model_fields_set and getattr(section, key) != saved:
+                raise ValueError(f"hypernetwork.{key}: {section.start} was trained with {saved!r}; leave it "
+                                 "out to fit a new domain on it")  # fmt: skip
         network.add_domain(section.new_domain)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
     log.info("hypernetwork over domains %s: trainable %s parameters", ", ".join(network.spec.domains),

@@ -125,6 +125,10 @@ class Route(torch.nn.Module):
         self, texts: list[str], domains: Sequence[str | None] | None = None, batch_size: int = 64
     ) -> np.ndarray:
         """Routed vectors of `texts` in their order (`domains`, one per text, for a fixed route)."""
+        if domains is not None and self.spec.type != "fixed":
+            raise ValueError(
+                f"a {self.spec.type} route chooses its modules itself; domains apply to a fixed one"
+            )
         if domains is not None and len(domains) != len(texts):
             raise ValueError(f"{len(domains)} domains for {len(texts)} queries")
 

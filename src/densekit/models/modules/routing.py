@@ -61,6 +61,10 @@ class RouteSpec(BaseModel):
             raise ValueError("a fixed route needs domains: domain name -> module name")
         if self.type == "top_k" and (self.k is None or self.k > len(self.modules)):
             raise ValueError(f"top_k needs k between 1 and the {len(self.modules)} modules")
+        if self.type != "top_k" and self.k is not None:
+            raise ValueError(f"k applies to a top_k route, not to a {self.type} one")
+        if self.type != "fixed" and (self.domains or self.fallback is not None):
+            raise ValueError(f"domains and fallback apply to a fixed route, not to a {self.type} one")
         return self
 
 
