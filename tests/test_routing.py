@@ -231,10 +231,10 @@ def test_a_retriever_with_a_fixed_route_searches_the_base_index_with_the_domains
     with pytest.raises(KeyError, match="domain 'z'"):
         retriever.search_run(queries, 3, domain="z")
 
-    encoder.activate("a")  # an index of module a's passages is not the base's
-    other = base_index(encoder, beir_dir, tmp_path / "a")
+    put_module(encoder, "lora", "both")  # an index of a passage-changing module's passages is not the base's
+    other = base_index(encoder, beir_dir, tmp_path / "both")
     encoder.activate(None)
-    with pytest.raises(ValueError, match="built with module 'a'"):
+    with pytest.raises(ValueError, match="built with module 'both'"):
         Retriever(encoder, other, route=route)
 
 
@@ -453,6 +453,55 @@ def test_a_benchmark_with_a_route_searches_each_collection_by_its_domain_and_reu
     assert all(set(c.stages.values()) == {"reused"} for c in again.collections)
 
 
+def test_a_query_only_module_searches_the_bases_index_and_a_benchmark_given_it_encodes_nothing(
+    encoder: DenseEncoder, beir_dir: Path, tmp_path: Path
+):
+    from densekit.data import Dataset
+    from densekit.data.trec import read_run
+    from densekit.diagnostics import Diagnostics
+    from densekit.encoding.corpus import embedding_identity
+    from densekit.evaluation.benchmark import run_benchmark
+
+    dataset = Dataset.open(beir_dir)
+    base = run_benchmark(encoder, "base", [beir_dir], tmp_path / "base", k=5, show_progress=False)
+    base_index_dir = tmp_path / "base" / base.collections[0].name / "index"
+    encoder.activate("a")  # query-only: its passages are the base's, so are its embeddings' records
+    assert np.array_equal(embeddings(encoder), embed_texts_with(encoder, None))
+    a_identity = embedding_identity(encoder, dataset, 1, None)
+    encoder.activate(None)
+    assert a_identity == embedding_identity(encoder, dataset, 1, None)
+
+    encoder.activate("a")
+    own = run_benchmark(encoder, "a", [beir_dir], tmp_path / "own", k=5, show_progress=False)
+    given = run_benchmark(encoder, "a", [beir_dir], tmp_path / "given", k=5, show_progress=False,
+                          indexes=[base_index_dir])  # fmt: skip
+    assert given.collections[0].stages["encode"] == f"given: {base_index_dir}"
+    assert not (tmp_path / "given" / given.collections[0].name / "embeddings").exists()
+    runs = [read_run(tmp_path / b / c.name / "dense.trec", Diagnostics())
+            for b, c in (("own", own.collections[0]), ("given", given.collections[0]))]  # fmt: skip
+    assert {q: list(d) for q, d in runs[0].items()} == {q: list(d) for q, d in runs[1].items()}
+    assert all(abs(runs[0][q][d] - runs[1][q][d]) < 1e-6 for q in runs[0] for d in runs[0][q])
+    assert given.collections[0].scores == own.collections[0].scores
+
+    put_module(encoder, "lora", "both")  # a module that changes passages cannot search the base's index
+    with pytest.raises(ValueError, match=r"built with the base model alone .* passages with module 'both'"):
+        run_benchmark(encoder, "both", [beir_dir], tmp_path / "both", k=5, show_progress=False,
+                      indexes=[base_index_dir])  # fmt: skip
+    with pytest.raises(ValueError, match="2 indexes for 1 collections"):
+        run_benchmark(encoder, "both", [beir_dir], tmp_path / "both", k=5, show_progress=False,
+                      indexes=[base_index_dir, base_index_dir])  # fmt: skip
+
+
+def embed_texts_with(encoder: DenseEncoder, name: str | None) -> np.ndarray:
+    """The test passages' vectors with module `name` active, leaving the active module as it was."""
+    active = encoder.active
+    encoder.activate(name)
+    try:
+        return embeddings(encoder)
+    finally:
+        encoder.activate(active)
+
+
 def test_the_service_routes_a_requests_queries_by_its_domain(
     encoder: DenseEncoder, beir_dir: Path, tmp_path: Path
 ):
@@ -620,6 +669,9 @@ def test_the_multi_domain_recipe_runs_end_to_end_on_tiny_collections(tiny_st_mod
     assert all(
         set(row) == {"scifact", "nfcorpus", "vaswani", "cranfield", "mean"} for row in table["rows"].values()
     )
+    for bench in (tmp_path / "out").glob("bench-*"):  # the base's four indexes served every row
+        stages = [c["stages"] for c in json.loads((bench / "results.json").read_text())["collections"]]
+        assert all(s["encode"].startswith("given: ") for s in stages), bench
     fixed = table["rows"]["fixed routing"]
     scifact_alone, base = table["rows"]["SciFact module"], table["rows"]["base zero-shot"]
     assert fixed["scifact"] == pytest.approx(scifact_alone["scifact"])  # its domain's module

@@ -75,6 +75,14 @@ def benchmark(
             "(default: the collections' folder names).",
         ),
     ] = None,
+    index: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--index",
+            help="Each collection's index, in order, instead of encoding its corpus: an index of the "
+            "passages MODEL makes (the base's, for a route or a query-only module).",
+        ),
+    ] = None,
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
@@ -97,7 +105,7 @@ def benchmark(
         encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
     result = run_benchmark(
         encoder, name or _model_label(model, module), data_dirs, output, split, measures, k, batch_size,
-        progress, overwrite, route, domain or None,
+        progress, overwrite, route, domain or None, index or None,
     )  # fmt: skip
     table = Table("collection", "queries", *[f"{s} {m}" for m in result.measures for s in result.systems])
     means = result.means()

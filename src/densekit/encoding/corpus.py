@@ -54,7 +54,7 @@ def embedding_identity(
 ) -> dict:
     """What an embedding folder records of what made it, and what a resumed or reused part must match."""
     return {
-        "model": encoder.identity(),
+        "model": encoder.passage_identity(),
         "corpus": dataset.corpus_digest(),
         "shards": shards,
         "maxp": maxp.model_dump() if maxp is not None else None,

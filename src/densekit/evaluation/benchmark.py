@@ -30,6 +30,7 @@ from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.route import Route
 from densekit.plots import pyplot, save_png
 from densekit.retrieval.bm25 import BM25Config, BM25Index
+from densekit.retrieval.dense import check_compatible
 from densekit.retrieval.retriever import Retriever
 
 log = logging.getLogger("densekit")
@@ -118,10 +119,14 @@ def run_benchmark(
     overwrite: bool = False,
     route: Route | None = None,
     domains: list[str] | None = None,
+    indexes: list[Path] | None = None,
 ) -> BenchmarkResult:
     """BM25 and `encoder` on the `split` of each collection; writes the table, its JSON and a chart.
     With `route` (on `encoder`), queries are routed over the base's passages, each collection's by its
-    domain (`domains`, one per collection; default: the collections' names)."""
+    domain (`domains`, one per collection; default: the collections' names). With `indexes` (one per
+    collection), each collection is searched in its given index, checked to be of the passages this
+    encoder makes, instead of encoding the corpus: the base's indexes serve every query-only module and
+    route of that base."""
     measures = measures or ["nDCG@10", "R@100"]
     parse_measures(measures)  # an unknown measure fails before any work
     if not data_dirs:
@@ -132,6 +137,8 @@ def run_benchmark(
         raise ValueError(f"{len(domains)} domains for {len(data_dirs)} collections")
     if domains is not None and (route is None or route.spec.type != "fixed"):
         raise ValueError("domains choose the modules of a fixed route; this benchmark has none")
+    if indexes is not None and len(indexes) != len(data_dirs):
+        raise ValueError(f"{len(indexes)} indexes for {len(data_dirs)} collections: give one per collection")
     output = Path(output)
     identity = {"model": encoder.identity(), "split": split, "k": k}
     if route is not None:
@@ -147,7 +154,7 @@ def run_benchmark(
         domain = (domains[number - 1] if domains is not None else name) if fixed else None
         result = benchmark_collection(
             encoder, model_name, dataset, output / name, split, measures, k, batch_size, show_progress,
-            overwrite, route, domain,
+            overwrite, route, domain, None if indexes is None else Path(indexes[number - 1]),
         )  # fmt: skip
         results.append(result)
         log.info(
@@ -173,10 +180,13 @@ def benchmark_collection(
     overwrite: bool = False,
     route: Route | None = None,
     domain: str | None = None,
+    given_index: Path | None = None,
 ) -> CollectionResult:
     """BM25 and `encoder` on one collection, in `folder` (`bm25.trec`, `embeddings/`, `index/`,
     `dense.trec`), each stage reused when what made it is unchanged; the caller checks that `folder`
-    may be written. With `route`, queries are routed (by `domain` for a fixed route)."""
+    may be written. With `route`, queries are routed (by `domain` for a fixed route). With
+    `given_index`, that index is searched (after checking it holds this encoder's passages of this
+    corpus) and the corpus is not encoded."""
     measures = measures or ["nDCG@10", "R@100"]
     folder.mkdir(parents=True, exist_ok=True)
     queries, qrels = dataset.split_queries(split)
@@ -195,6 +205,44 @@ def benchmark_collection(
             index = BM25Index(dataset.iter_corpus(), bm25_config, show_progress=show_progress)
             write_run(bm25_run, index.search(queries, k), "bm25", [dataset.root], bm25_identity)
 
+    if given_index is None:
+        index_dir = folder / "index"
+        index_identity = _encode_and_index(encoder, dataset, folder, batch_size, show_progress, overwrite,
+                                           stages)  # fmt: skip
+    else:
+        index_dir = Path(given_index)
+        given = SearchIndex.load(index_dir)
+        check_compatible(encoder, given, dataset)
+        index_identity = given.identity
+        stages.update(encode=f"given: {index_dir}", index=f"given: {index_dir}")
+
+    dense_run = folder / "dense.trec"
+    dense_identity = {**split_identity, "model": encoder.identity(), "index": index_identity}
+    if route is not None:
+        dense_identity.update(route=route.identity(), domain=domain)
+    with _stage(stages, "search", is_current(dense_run, RUN_KIND, dense_identity)) as fresh:
+        if fresh:
+            retriever = Retriever(encoder, SearchIndex.load(index_dir), dataset=dataset, route=route)
+            ranked = retriever.search_run(queries, k, batch_size, show_progress=show_progress, domain=domain)
+            write_run(dense_run, ranked, "densekit", [dataset.root], dense_identity)
+
+    scores = {}
+    for system, path in ((BM25_NAME, bm25_run), (model_name, dense_run)):
+        scores[system] = evaluate(qrels, read_run(path, Diagnostics()), measures)
+    return CollectionResult(folder.name, str(dataset.root), len(queries), scores, stages)
+
+
+def _encode_and_index(
+    encoder: DenseEncoder,
+    dataset: Dataset,
+    folder: Path,
+    batch_size: int,
+    show_progress: bool,
+    overwrite: bool,
+    stages: dict[str, float | str],
+) -> dict:
+    """Encode the corpus into `folder/embeddings` and build a flat `folder/index`, each unless an
+    unchanged one is there; returns the index's identity."""
     embeddings, index_dir = folder / "embeddings", folder / "index"
     spec = IndexSpec(type="flat")
     made = read_manifest(embeddings) if embeddings.is_dir() else None
@@ -216,21 +264,7 @@ def benchmark_collection(
     ) as fresh:
         if fresh:
             build_index(store, spec, index_dir, show_progress=show_progress)
-
-    dense_run = folder / "dense.trec"
-    dense_identity = {**split_identity, "model": encoder.identity(), "index": index_identity}
-    if route is not None:
-        dense_identity.update(route=route.identity(), domain=domain)
-    with _stage(stages, "search", is_current(dense_run, RUN_KIND, dense_identity)) as fresh:
-        if fresh:
-            retriever = Retriever(encoder, SearchIndex.load(index_dir), dataset=dataset, route=route)
-            ranked = retriever.search_run(queries, k, batch_size, show_progress=show_progress, domain=domain)
-            write_run(dense_run, ranked, "densekit", [dataset.root], dense_identity)
-
-    scores = {}
-    for system, path in ((BM25_NAME, bm25_run), (model_name, dense_run)):
-        scores[system] = evaluate(qrels, read_run(path, Diagnostics()), measures)
-    return CollectionResult(folder.name, str(dataset.root), len(queries), scores, stages)
+    return index_identity
 
 
 class _stage:

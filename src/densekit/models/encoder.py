@@ -122,16 +122,38 @@ class DenseEncoder(torch.nn.Module):
 
     def fingerprint(self) -> str:
         """A digest of what encodes: the base, and the active module's weights when one is."""
-        base = self.base_fingerprint()
-        if self.active is None:
-            return base
-        return tensors_fingerprint({}, f"{base}|{self.attached[self.active].fingerprint()}")
+        return self._fingerprint_with(self.active)
 
     def identity(self) -> dict[str, Any]:
         """What an artefact made with this encoder records of it: weights, every setting, the module."""
-        identity = {"weights": self.fingerprint(), "settings": self.config.model_dump()}
-        if self.active is not None:
-            identity["module"] = self.active
+        return self._identity_with(self.active)
+
+    @property
+    def passage_module(self) -> str | None:
+        """The active module when it changes how passages are encoded; None for the base alone and for
+        a query-only module (`towers: query`), whose passages are the base's."""
+        module = self.module
+        return None if module is None or module.spec.towers == "query" else self.active
+
+    def passage_fingerprint(self) -> str:
+        """A digest of what encodes passages: `fingerprint()`, less a query-only module."""
+        return self._fingerprint_with(self.passage_module)
+
+    def passage_identity(self) -> dict[str, Any]:
+        """What passage embeddings record of the encoder that made them: `identity()`, less a query-only
+        module, so that the base's index serves every query-only module of that base."""
+        return self._identity_with(self.passage_module)
+
+    def _fingerprint_with(self, name: str | None) -> str:
+        base = self.base_fingerprint()
+        if name is None:
+            return base
+        return tensors_fingerprint({}, f"{base}|{self.attached[name].fingerprint()}")
+
+    def _identity_with(self, name: str | None) -> dict[str, Any]:
+        identity = {"weights": self._fingerprint_with(name), "settings": self.config.model_dump()}
+        if name is not None:
+            identity["module"] = name
         return identity
 
     def new_module(

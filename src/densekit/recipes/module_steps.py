@@ -119,13 +119,16 @@ class BenchmarkStep(Step):
     output: str
     name: str | None = None
     domains: list[str] | None = None
+    indexes: list[str] | None = Field(
+        default=None, description="an index per collection, searched instead of encoding its corpus"
+    )
     split: str = "test"
     measures: list[str] = Field(default_factory=lambda: ["nDCG@10", "R@100"])
     k: int = 1000
     batch_size: int = 64
 
     def inputs(self) -> list[str]:
-        return [self.model, *self.data]
+        return [self.model, *self.data, *(self.indexes or [])]
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Benchmark and write the folder's table, JSON and chart."""
@@ -140,6 +143,7 @@ class BenchmarkStep(Step):
         run_benchmark(
             encoder, self.name or Path(self.model).name, [Path(p) for p in self.data], Path(self.output),
             self.split, self.measures, self.k, self.batch_size, show_progress, overwrite, route, self.domains,
+            None if self.indexes is None else [Path(p) for p in self.indexes],
         )  # fmt: skip
 
 

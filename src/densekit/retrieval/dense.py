@@ -26,13 +26,13 @@ def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset
     if index.identity is None:
         return
     made = index.identity["embeddings"]
-    if made["model"]["weights"] != encoder.fingerprint():
-        made_with, used = made["model"].get("module"), encoder.active
+    if made["model"]["weights"] != encoder.passage_fingerprint():
+        made_with, used = made["model"].get("module"), encoder.passage_module
         if made_with != used:
             raise ValueError(
-                f"{index.folder} was built with {_module_words(made_with)}, and this encoder has "
-                f"{_module_words(used)}; search with the module that made it (--module), or encode and "
-                "index the corpus again"
+                f"{index.folder} was built with {_module_words(made_with)}, and this encoder encodes "
+                f"passages with {_module_words(used)}; search with the module that made it (--module), or "
+                "encode and index the corpus again"
             )
         raise ValueError(
             f"{index.folder} was built from the embeddings of other model weights than {encoder.source}'s; "
@@ -54,4 +54,4 @@ def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset
 
 
 def _module_words(name: str | None) -> str:
-    return "the base model alone (no module)" if name is None else f"module {name!r}"
+    return "the base model alone (no module, or a query-only one)" if name is None else f"module {name!r}"

@@ -36,7 +36,8 @@ class Hit:
 class Retriever:
     """Ranked documents for queries. Safe to call from several threads at once when the encoder is in
     inference mode (`open` puts it there): nothing shared changes per call. The index must have been made
-    by the encoder with the module active now; switching modules afterwards is an error at search time."""
+    by the encoder with the module active now (by the base, for a query-only module); switching modules
+    afterwards is an error at search time."""
 
     def __init__(
         self,
