@@ -166,7 +166,11 @@ def main() -> None:
             )
             grouped.append(
                 densekit_round(
-                    args.data, train_file, args.steps, args.batch_size, Path(tmp) / f"dkg{round_index}",
+                    args.data,
+                    train_file,
+                    args.steps,
+                    args.batch_size,
+                    Path(tmp) / f"dkg{round_index}",
                     args.length_grouping,
                 )
             )

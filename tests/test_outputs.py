@@ -188,9 +188,7 @@ def test_kill_9_during_an_index_write_leaves_the_previous_index(embeddings: Path
     queries = np.asarray(EmbeddingStore.open(embeddings).vectors()[:2])
     expected = SearchIndex.load(index).search(queries, 3).doc_ids().tolist()
 
-    proc = subprocess.run(
-        [sys.executable, "-c", KILLED_WRITER, str(index)], capture_output=True, check=False
-    )
+    proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(index)], capture_output=True, check=False)
     assert proc.returncode == -signal.SIGKILL
     leftovers = list(tmp_path.glob(".index.tmp-*"))
     assert len(leftovers) == 1  # the killed writer's half-written folder
