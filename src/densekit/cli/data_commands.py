@@ -1,4 +1,4 @@
-"""Sub-commands about data: validate, evaluate."""
+"""Sub-commands about data: validate, split-queries, evaluate."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from densekit.cli.options import OverwriteOpt
 from densekit.data.trec import read_qrels, read_run
 from densekit.data.validate import validate_dataset
 from densekit.diagnostics import Diagnostics
@@ -92,7 +93,26 @@ def evaluate_command(
             write_output_text(per_query, PER_QUERY_KIND, lines, inputs=inputs)
 
 
+def split_queries(
+    data_dir: Annotated[Path, typer.Argument(help="A BEIR collection folder.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The new collection folder.")],
+    take: Annotated[int, typer.Option("--take", min=1, help="Queries to put in the fit split.")],
+    split: Annotated[str, typer.Option("--split", help="The qrels split whose queries are split.")] = "test",
+    seed: Annotated[int, typer.Option(help="Seed of the draw.")] = 0,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Split a split's judged queries for few-shot work: OUTPUT is a collection whose `fit` split holds
+    TAKE of them, drawn with SEED, and whose `held-out` split holds the rest; its corpus and queries
+    are links to DATA_DIR's files, so an index of DATA_DIR's corpus searches it."""
+    from densekit.data.query_split import FIT, HELD_OUT, split_judged_queries
+
+    made = split_judged_queries(data_dir, split, take, seed, output, overwrite)
+    state = "already there, unchanged" if made.reused else "written"
+    console.print(f"{output}: {FIT} {made.fit} queries, {HELD_OUT} {made.held_out} ({state})")
+
+
 def register(app: typer.Typer) -> None:
     """Add these sub-commands to `app`."""
     app.command("validate")(validate)
+    app.command("split-queries")(split_queries)
     app.command("evaluate")(evaluate_command)
