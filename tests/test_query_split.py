@@ -46,7 +46,8 @@ def test_a_split_is_drawn_by_its_seed_reused_when_unchanged_and_replaced_only_wi
 
 
 def test_bad_splits_and_outputs_are_refused(beir_dir: Path, tmp_path: Path):
-    with pytest.raises(ValueError, match=r"--take 4: split 'test' .* has 4 judged queries; take between 1 and 3"):
+    refusal = r"--take 4: split 'test' .* has 4 judged queries; take between 1 and 3"
+    with pytest.raises(ValueError, match=refusal):
         split_judged_queries(beir_dir, "test", 4, 0, tmp_path / "x")
     with pytest.raises(OutputError, match="is an input of this command"):
         split_judged_queries(beir_dir, "test", 1, 0, beir_dir)
