@@ -646,6 +646,7 @@ def test_a_new_domain_fits_only_its_embedding_and_its_generated_module_is_writte
 
 
 def test_the_multi_domain_recipe_runs_end_to_end_on_tiny_collections(tiny_st_model: Path, tmp_path: Path):
+    from densekit.models.modules.hypernetwork import LoraHypernetwork
     from densekit.recipes.runner import run_recipe
 
     from .conftest import CORPUS, QRELS, QUERIES, write_beir
@@ -676,6 +677,20 @@ def test_the_multi_domain_recipe_runs_end_to_end_on_tiny_collections(tiny_st_mod
     scifact_alone, base = table["rows"]["SciFact module"], table["rows"]["base zero-shot"]
     assert fixed["scifact"] == pytest.approx(scifact_alone["scifact"])  # its domain's module
     assert fixed["vaswani"] == pytest.approx(base["vaswani"])  # an unknown domain falls back to the base
+
+    few_shot = Path(__file__).resolve().parents[1] / "recipes" / "few-shot-cranfield.yaml"
+    overrides = [f"data.path={tmp_path / 'cranfield'}", "data.take=2", f"multi_domain.out={tmp_path / 'out'}",
+                 f"model.path={tiny_st_model}", "train.batch_size=2", "train.epochs=1", "module.rank=4",
+                 "negatives.count=4"]  # fmt: skip
+    metrics = run_recipe(few_shot, tmp_path / "few-shot", overrides, device="cpu", show_progress=False)
+    assert 0 <= metrics["nDCG@10"] <= 1
+    rows = json.loads((tmp_path / "few-shot" / "table.json").read_text())["rows"]
+    assert list(rows) == ["BM25", "base zero-shot", "LoRA on the 32", "hypernetwork, fitted on the 32"]
+    for bench in ("bench-base", "bench-lora", "bench-hypernetwork"):
+        [held_out] = json.loads((tmp_path / "few-shot" / bench / "results.json").read_text())["collections"]
+        assert held_out["queries"] == 2 and held_out["stages"]["encode"].startswith("given: ")
+    fitted = LoraHypernetwork.load(tmp_path / "few-shot" / "hypernetwork" / "model")
+    assert fitted.spec.domains[2] == "cranfield"  # after the two it was trained on
 
 
 def test_settings_a_route_would_ignore_are_refused(collection, tiny_model: Path, encoder: DenseEncoder):

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from densekit.configuration import dump_config, validate_config
 from densekit.data.dataset import Dataset
+from densekit.data.query_split import split_judged_queries
 from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import encode_corpus
@@ -70,6 +71,24 @@ class MineStep(Step):
         index = Path(self.index) if self.index else None
         mine(Dataset.open(self.data), self.split, Path(self.output), self.source, self.settings, encoder,
              index, batch_size=self.batch_size, show_progress=show_progress, domain=self.domain)  # fmt: skip
+
+
+class SplitQueriesStep(Step):
+    """`densekit split-queries`: a few-shot split (`fit`, `held-out`) of a collection's judged queries."""
+
+    type: Literal["split_queries"]
+    data: str
+    split: str = "test"
+    take: int = Field(ge=1)
+    seed: int = 0
+    output: str
+
+    def inputs(self) -> list[str]:
+        return [self.data]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
+        """Write the split collection."""
+        split_judged_queries(self.data, self.split, self.take, self.seed, Path(self.output), overwrite)
 
 
 class TrainerStep(Step):
@@ -282,7 +301,7 @@ class EvaluateStep(Step):
 STEP_TYPES: dict[str, type[Step]] = {
     "mine": MineStep, "pretrain": PretrainStep, "train": TrainStep, "encode": EncodeStep, "index": IndexStep,
     "search": SearchStep, "bm25": BM25Step, "evaluate": EvaluateStep, "rerank": RerankStep,
-    "train_cross_encoder": TrainCrossEncoderStep, "score": ScoreStep,
+    "train_cross_encoder": TrainCrossEncoderStep, "score": ScoreStep, "split_queries": SplitQueriesStep,
 }  # fmt: skip
 
 
