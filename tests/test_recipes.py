@@ -200,6 +200,30 @@ def test_an_override_naming_no_key_of_the_recipe_is_refused(beir_dir: Path, tmp_
     assert not out.exists()  # refused before anything was written
 
 
+def test_a_run_continues_under_its_recipe_with_steps_added_at_the_end(
+    beir_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    recipe, out = bm25_recipe(tmp_path / "r.yaml", beir_dir), tmp_path / "out"
+    run_recipe(recipe, out, device="cpu", show_progress=False)
+    made = (out / "bm25.trec").stat().st_mtime_ns
+    tree = yaml.safe_load(recipe.read_text())
+    tree["steps"]["deeper"] = {"type": "bm25", "data": str(beir_dir), "k": 2, "output": "{out}/deeper.trec"}
+    longer = tmp_path / "longer.yaml"
+    longer.write_text(yaml.safe_dump(tree, sort_keys=False))
+    with caplog.at_level("INFO", logger="densekit"):
+        run_recipe(longer, out, device="cpu", show_progress=False)
+    assert "adds steps after the 2 of the run" in caplog.text and "step bm25: already done" in caplog.text
+    assert (out / "bm25.trec").stat().st_mtime_ns == made and (out / "deeper.trec").is_file()
+    with pytest.raises(OutputError, match=r"differs in: steps.deeper"):  # removing a step is another recipe
+        run_recipe(recipe, out, device="cpu", show_progress=False)
+    del tree["steps"]["bm25"]  # so is a step added before the others (here with one gone)
+    tree["steps"] = {"first": tree["steps"]["deeper"], **tree["steps"]}
+    reordered = tmp_path / "reordered.yaml"
+    reordered.write_text(yaml.safe_dump(tree, sort_keys=False))
+    with pytest.raises(OutputError, match=r"differs in: steps"):
+        run_recipe(reordered, out, device="cpu", show_progress=False)
+
+
 def test_a_folder_of_another_recipe_is_refused(beir_dir: Path, tmp_path: Path):
     out = tmp_path / "out"
     run_recipe(bm25_recipe(tmp_path / "r.yaml", beir_dir), out, device="cpu", show_progress=False)

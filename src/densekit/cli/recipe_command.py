@@ -25,8 +25,8 @@ def run(
     """Run a recipe's steps in order, skipping those already done: a killed run continues.
 
     A step whose parameters or inputs changed since it last ran is run again, with the steps after it.
-    --out must be new, empty or a run of a recipe with the same steps (--overwrite replaces the
-    outputs densekit made there for another recipe).
+    --out must be new, empty or a run of a recipe with the same steps, or with steps added after them
+    (--overwrite replaces the outputs densekit made there for another recipe).
     """
     from densekit.recipes.runner import run_recipe
 

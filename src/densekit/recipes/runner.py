@@ -37,7 +37,7 @@ from densekit.configuration import (
 )
 from densekit.data.dataset import input_fingerprint
 from densekit.diagnostics import DataError, Problem
-from densekit.io.artefact import write_folder_manifest
+from densekit.io.artefact import read_manifest, write_folder_manifest
 from densekit.io.atomic import write_text_atomic
 from densekit.io.outputs import claim_folder
 from densekit.models.hub import resolve_model_path
@@ -109,6 +109,20 @@ def _check_override_keys(path: Path, tree: dict[str, Any], overrides: list[str])
                     f" (its keys: {known})"
                 )
             node = node[part]
+
+
+def _take_appended_steps(output: Path, identity: dict[str, Any]) -> None:
+    """Let a run continue under a recipe that only adds steps after its own (an evaluation, say): the
+    run's record then names the new steps too. Any other change of steps is left for `claim_folder` to
+    refuse."""
+    made = read_manifest(output) if output.is_dir() else None
+    if made is None or made.kind != KIND or made.identity == identity:
+        return
+    before, now = list(made.identity.get("steps", {}).items()), list(identity["steps"].items())
+    if len(before) < len(now) and now[: len(before)] == before:
+        added = ", ".join(name for name, _ in now[len(before) :])
+        log.info("the recipe adds steps after the %d of the run in %s: %s", len(before), output, added)
+        write_folder_manifest(output, KIND, identity, made.about)
 
 
 def _dotted_keys(tree: dict[str, Any], prefix: str = "", exclude: set[str] = frozenset()) -> list[str]:
@@ -201,8 +215,9 @@ def run_recipe(
 ) -> dict[str, float]:
     """Run every step not yet done; returns the final evaluation.
 
-    `output` must be new, empty, or a run of a recipe with the same steps (continued); one of another
-    recipe is replaced only with `overwrite`, and a folder densekit did not make never.
+    `output` must be new, empty, or a run of a recipe with the same steps, or with steps added after
+    them (continued); one of another recipe is replaced only with `overwrite`, and a folder densekit did
+    not make never.
     """
     if distributed.world_size() > 1:
         raise RuntimeError(
@@ -211,6 +226,7 @@ def run_recipe(
     output = Path(output)
     _, steps = load_recipe(path, output, overrides or [])
     identity = {"steps": {name: step.type for name, step in steps.items()}}  # type: ignore[attr-defined]
+    _take_appended_steps(output, identity)
     if claim_folder(output, KIND, identity, [path], overwrite, RECIPE_ENTRIES) == "new":
         output.mkdir(parents=True, exist_ok=True)
         write_folder_manifest(output, KIND, identity, {"recipe": str(path)})
