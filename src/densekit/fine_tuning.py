@@ -21,6 +21,7 @@ from densekit.training.config import CrossEncoderTrainConfig, DataSection, Train
 from densekit.training.contrastive import ContrastiveTask
 from densekit.training.listwise import CrossEncoderTask
 from densekit.training.modules import prepare_hypernetwork, prepare_module, prepare_route
+from densekit.training.passage_vectors import load_passage_vectors
 from densekit.training.run import start_run
 from densekit.training.trainer import EvaluationHook, Trainer
 
@@ -98,7 +99,12 @@ def run_training(
     hypernetwork = None
     if config.hypernetwork is not None:
         hypernetwork = prepare_hypernetwork(encoder, config.hypernetwork, examples)
-    task = ContrastiveTask(encoder, examples, texts, config, route, folders, hypernetwork)
+    passage_vectors = None
+    if config.data.passage_embeddings:
+        collections = {"": config.data.path, **config.data.collections}
+        saved = config.data.passage_embeddings
+        passage_vectors = load_passage_vectors(saved, encoder, collections, SEPARATOR)
+    task = ContrastiveTask(encoder, examples, texts, config, route, folders, hypernetwork, passage_vectors)
     if config.modules is not None:
         prepare_module(encoder, config.modules, task)
 

@@ -23,19 +23,26 @@ def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset
             f"the encoder makes {encoder.dimension}-dimensional vectors; {index.folder} holds "
             f"{index.dimension}-dimensional ones"
         )
-    if index.identity is None:
-        return
-    made = index.identity["embeddings"]
+    if index.identity is not None:
+        check_passages_made_by(encoder, index.identity["embeddings"], f"{index.folder} was built", dataset)
+
+
+def check_passages_made_by(
+    encoder: DenseEncoder, made: dict, what: str, dataset: Dataset | None = None
+) -> None:
+    """Fail unless the embeddings whose identity is `made` hold the passages `encoder` makes: the same
+    weights on the passage side (its module, if any) and passage settings, and (given `dataset`) its
+    corpus. `what` begins each message ("runs/index was built")."""
     if made["model"]["weights"] != encoder.passage_fingerprint():
         made_with, used = made["model"].get("module"), encoder.passage_module
         if made_with != used:
             raise ValueError(
-                f"{index.folder} was built with {_module_words(made_with)}, and this encoder encodes "
+                f"{what} with {_module_words(made_with)}, and this encoder encodes "
                 f"passages with {_module_words(used)}; search with the module that made it (--module), or "
                 "encode and index the corpus again"
             )
         raise ValueError(
-            f"{index.folder} was built from the embeddings of other model weights than {encoder.source}'s; "
+            f"{what} from the embeddings of other model weights than {encoder.source}'s; "
             "search it with the model that made it, or encode and index the corpus again"
         )
     saved = made["model"]["settings"]
@@ -43,12 +50,12 @@ def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset
                for k in _PASSAGE_SETTINGS if saved.get(k) != getattr(encoder.config, k)]  # fmt: skip
     if changed:
         raise ValueError(
-            f"{index.folder} was built from passages encoded with other settings ({'; '.join(changed)}); "
+            f"{what} from passages encoded with other settings ({'; '.join(changed)}); "
             "use the same settings or encode the corpus again"
         )
     if dataset is not None and made["corpus"] != dataset.corpus_digest():
         raise ValueError(
-            f"{index.folder} was built from another corpus than {dataset.corpus_path} (its bytes differ); "
+            f"{what} from another corpus than {dataset.corpus_path} (its bytes differ); "
             "index this corpus, or search the collection the index was made from"
         )
 

@@ -60,6 +60,12 @@ class DataSection(Section):
         description="more collections by domain: an example of one of these domains names documents of that "
         "collection instead of data.path's (training on several collections at once)",
     )
+    passage_embeddings: list[str] = Field(
+        default_factory=list,
+        description="embedding folders (`densekit encode` with the base) of data.path's corpus and of each "
+        "of data.collections': passages are looked up there instead of encoded at each step; only for runs "
+        "whose passages stay the base's (a route, a hypernetwork, a module with towers: query)",
+    )
 
     @model_validator(mode="after")
     def _one_grouping(self) -> DataSection:
@@ -265,6 +271,7 @@ class TrainConfig(RunConfig):
         """The starting model, the collection, the training examples and the modules routed among."""
         paths = {"model.path": self.model.path, "data.path": self.data.path, "data.train": self.data.train}
         paths.update({f"data.collections.{domain}": path for domain, path in self.data.collections.items()})
+        paths.update({f"data.passage_embeddings[{i}]": p for i, p in enumerate(self.data.passage_embeddings)})
         if self.hypernetwork is not None and self.hypernetwork.start is not None:
             paths["hypernetwork.start"] = self.hypernetwork.start
         if self.route is not None:
@@ -288,6 +295,15 @@ class TrainConfig(RunConfig):
                 "ance refreshes the negatives of a whole model or module run; it does not combine with "
                 "route, hypernetwork or data.batches by_domain"
             )
+        frozen = routed or (self.modules is not None and self.modules.towers == "query")
+        if self.data.passage_embeddings and not frozen:
+            raise ValueError(
+                "data.passage_embeddings: this run changes how passages are encoded, so they must be "
+                "encoded at each step; saved vectors serve only runs whose passages stay the base's "
+                "(a route, a hypernetwork, or a module with towers: query)"
+            )
+        if self.data.passage_embeddings and self.ance.enabled:
+            raise ValueError("data.passage_embeddings with ance: ANCE re-encodes the corpus as it trains")
         if routed and self.eval.split is not None:
             raise ValueError(
                 f"eval.split with {chosen[-1]}: evaluation during training encodes without it; evaluate "

@@ -30,6 +30,7 @@ from densekit.training import distributed
 from densekit.training.config import INNER_PRODUCT_TEMPERATURE, NORMALIZED_TEMPERATURE, TrainConfig
 from densekit.training.grad_cache import cached_backward, split_inputs
 from densekit.training.groups import GroupSampler
+from densekit.training.passage_vectors import PassageVectors
 from densekit.training.sampling import (
     DomainBatching,
     LengthGrouping,
@@ -40,6 +41,8 @@ from densekit.training.sampling import (
 )
 
 log = logging.getLogger("densekit")
+
+VECTORS = "vectors"  # a batch's passages given as saved vectors rather than tokens
 
 
 @dataclass
@@ -128,8 +131,11 @@ class ContrastiveTask:
         route: Route | None = None,
         module_folders: dict[str, str] | None = None,
         hypernetwork: LoraHypernetwork | None = None,
+        passage_vectors: PassageVectors | None = None,
     ):
         self.encoder = encoder
+        # saved vectors of the base's passages, for a run whose passages stay the base's
+        self.passage_vectors = passage_vectors
         # with a route, only its router trains: queries are routed among frozen modules, passages are
         # the base's; with a hypernetwork, only it trains: queries go through its batch's domain's module
         self.route = route
@@ -191,17 +197,22 @@ class ContrastiveTask:
             len(self.examples), self.config.optim.batch_size, epoch, step, self.config.seed,
             self.grouping(epoch),
         )  # fmt: skip
-        query_texts, passage_texts, teacher = [], [], []
+        query_texts, passage_ids, teacher = [], [], []
         for index in rows:
             example = self.examples[int(index)]
             positive, negatives = self.sampler.group(int(index), epoch)
             query_texts.append(example.query)
-            passage_texts.extend(self.texts[doc_id] for doc_id in [positive, *negatives])
+            passage_ids.extend([positive, *negatives])
             if self.config.loss.distillation != "none":
                 teacher.append(_teacher_scores(example, [positive, *negatives]))
+        if self.passage_vectors is not None:
+            passages = {VECTORS: self.passage_vectors(passage_ids)}
+        else:
+            texts = [self.texts[doc_id] for doc_id in passage_ids]
+            passages = self.encoder.pad(self.encoder.tokenize(texts, "passage"))
         return ContrastiveBatch(
             self.encoder.pad(self.encoder.tokenize(query_texts, "query")),
-            self.encoder.pad(self.encoder.tokenize(passage_texts, "passage")),
+            passages,
             self.config.data.group_size,
             self.false_negatives(epoch, step) if self.config.loss.mask_false_negatives else None,
             torch.tensor(teacher, dtype=torch.float32) if teacher else None,
@@ -263,6 +274,8 @@ class ContrastiveTask:
         def encode(
             inputs: dict[str, torch.Tensor], with_chunk_loss: bool = False
         ) -> tuple[torch.Tensor, None]:
+            if VECTORS in inputs:  # saved passage vectors: nothing to encode, nothing to train
+                return inputs[VECTORS].to(device), None
             input_ids, attention_mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
             with autocast(device, precision):
                 if self.route is not None and kind == "query":
