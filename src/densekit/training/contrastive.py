@@ -275,7 +275,7 @@ class ContrastiveTask:
             inputs: dict[str, torch.Tensor], with_chunk_loss: bool = False
         ) -> tuple[torch.Tensor, None]:
             if VECTORS in inputs:  # saved passage vectors: nothing to encode, nothing to train
-                return inputs[VECTORS].to(device), None
+                return inputs[VECTORS].to(device=device, dtype=self.encoder.query_backbone.dtype), None
             input_ids, attention_mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
             with autocast(device, precision):
                 if self.route is not None and kind == "query":
