@@ -99,6 +99,30 @@ def test_top_k_with_k_equal_to_the_modules_is_soft_routing_and_smaller_k_runs_fe
         assert torch.allclose(vectors[row], by_module(encoder, "abc"[column])[row], atol=1e-6)
 
 
+def test_a_top_1_router_in_training_routes_as_top_1_and_gets_a_gradient_through_the_choice(
+    encoder: DenseEncoder,
+):
+    torch.manual_seed(0)
+    top1 = Route(encoder, RouteSpec(type="top_k", modules=["a", "b", "c"], k=1))
+    inputs = query_inputs(encoder)
+    target = torch.randn(len(QUERIES), encoder.dimension, generator=torch.Generator().manual_seed(1))
+
+    def vectors_and_router_gradient(training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        top1.router.train(training)
+        top1.router.zero_grad()
+        vectors = top1(inputs["input_ids"], inputs["attention_mask"])
+        (vectors * target).sum().backward()
+        return vectors.detach(), top1.router.scores.weight.grad.clone()
+
+    served, hard_gradient = vectors_and_router_gradient(training=False)
+    trained, gradient = vectors_and_router_gradient(training=True)
+    assert float(hard_gradient.abs().max()) == 0  # a hard top-1 choice teaches the router nothing
+    assert torch.allclose(trained, served, atol=1e-6)  # training routes as top-1 does...
+    assert float(gradient.abs().max()) > 1e-4  # ...and the router learns
+    scores = top1.scores(inputs["input_ids"], inputs["attention_mask"]).detach()
+    assert torch.equal(soft_weights(scores, k=1, straight_through=True), soft_weights(scores, k=1))
+
+
 def test_output_averaging_weighs_the_modules_vectors(encoder: DenseEncoder):
     weights = torch.tensor([[0.25, 0.75, 0.0]]).expand(len(QUERIES), 3)
     mixed = 0.25 * by_module(encoder, "a") + 0.75 * by_module(encoder, "b")

@@ -91,7 +91,8 @@ class Route(torch.nn.Module):
             return fixed_weights(self.spec, domains)
         if self.spec.type == "fusion":
             return self._fused(input_ids, attention_mask)[0]
-        return soft_weights(self.scores(input_ids, attention_mask), self.spec.k)
+        straight_through = self.router is not None and self.router.training and torch.is_grad_enabled()
+        return soft_weights(self.scores(input_ids, attention_mask), self.spec.k, straight_through)
 
     def _fused(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor

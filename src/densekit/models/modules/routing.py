@@ -116,13 +116,22 @@ class Fusion(torch.nn.Module):
         return F.softmax(scores, dim=-1)
 
 
-def soft_weights(scores: torch.Tensor, k: int | None = None) -> torch.Tensor:
-    """The softmax over each row's scores; with `k`, over its k highest only (the others weigh 0)."""
+def soft_weights(scores: torch.Tensor, k: int | None = None, straight_through: bool = False) -> torch.Tensor:
+    """The softmax over each row's scores; with `k`, over its k highest only (the others weigh 0).
+
+    A top-k choice passes no gradient to the scores of the modules left out, and with k = 1 none at
+    all (the one weight is 1, and routed vectors are normalised again), so a router trained through it
+    would never learn. With `straight_through` (training), the weights keep their top-k values but
+    take the gradient of the full softmax (Bengio et al.'s straight-through estimator)."""
     if k is None or k >= scores.shape[-1]:
         return F.softmax(scores, dim=-1)
     top = scores.topk(k, dim=-1)
     kept = torch.full_like(scores, float("-inf")).scatter(-1, top.indices, top.values)
-    return F.softmax(kept, dim=-1)
+    chosen = F.softmax(kept, dim=-1)
+    if not straight_through:
+        return chosen
+    soft = F.softmax(scores, dim=-1)
+    return chosen + (soft - soft.detach())
 
 
 def load_balancing_loss(scores: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -152,8 +161,10 @@ def routed_vectors(
     dtype = torch.float64 if next(encoder.parameters()).dtype == torch.float64 else torch.float32
     weights = weights.to(input_ids.device, dtype)
     mixed = torch.zeros(input_ids.shape[0], encoder.dimension, device=input_ids.device, dtype=dtype)
+    every_row = torch.arange(input_ids.shape[0], device=input_ids.device)
     for column, name in enumerate(modules):
-        rows = weights[:, column].nonzero().flatten()
+        # a weight of 0 that carries a gradient (straight-through top-k) needs its module's vectors too
+        rows = every_row if weights.requires_grad else weights[:, column].nonzero().flatten()
         if len(rows):
             vectors = encoder.encode_with(name, input_ids[rows], attention_mask[rows], "query")
             mixed = mixed.index_add(0, rows, weights[rows, column, None] * vectors.to(dtype))
