@@ -303,6 +303,25 @@ def test_resume_refuses_changes_that_change_the_run_and_takes_the_others(
     assert "holds no training run to resume; starting a new one" in caplog.text
 
 
+def test_a_run_made_before_an_option_existed_resumes_while_the_option_keeps_its_default(
+    tiny_model: Path, tmp_path: Path, monkeypatch
+):
+    collection = write_training_collection(tmp_path / "data")
+    config = make_config(collection, tiny_model)
+    output = tmp_path / "run"
+    killed_at_step_five(monkeypatch, config, output)
+    manifest_path = output / "densekit-artefact.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["identity"]["config"]["data"]["passage_embeddings"]  # as an older densekit wrote it
+    del manifest["identity"]["config"]["loss"]["teacher_temperature"]
+    manifest_path.write_text(json.dumps(manifest))
+
+    warmer = make_config(collection, tiny_model, loss={"teacher_temperature": 2.0})
+    with pytest.raises(OutputError, match=r"differs in: config\.loss\.teacher_temperature\)"):
+        run_training(warmer, output, resume=True, show_progress=False)
+    assert run_training(config, output, resume=True, show_progress=False)["step"] == 6
+
+
 KILLED_IN_A_CHECKPOINT = """
 import os, signal, sys
 from pathlib import Path

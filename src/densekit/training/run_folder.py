@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from densekit.data.dataset import input_fingerprint
-from densekit.io.artefact import write_folder_manifest
+from densekit.io.artefact import read_manifest, write_folder_manifest
 from densekit.io.atomic import remove_dead_temporaries, write_text_atomic
 from densekit.io.outputs import OutputError, claim_folder, clear_folder
 from densekit.models.hub import resolve_model_path
@@ -48,6 +48,22 @@ def run_identity(config: RunConfig) -> dict[str, Any]:
     return {"config": settings, "inputs": inputs}
 
 
+def _less_newer_defaults(fresh: dict[str, Any], saved: dict[str, Any], set_here: Any) -> dict[str, Any]:
+    """`fresh` without the settings a run made by an earlier densekit does not record (they did not exist
+    then) that are at their defaults here, so a new option does not stop an old run from resuming."""
+    kept = {}
+    for key, value in fresh.items():
+        chosen = set_here.get(key) if isinstance(set_here, dict) else None
+        if key not in saved:
+            if isinstance(set_here, dict) and key in set_here:
+                kept[key] = value  # set here: a real difference
+            continue
+        if isinstance(value, dict) and isinstance(saved[key], dict):
+            value = _less_newer_defaults(value, saved[key], chosen if chosen is not None else {})
+        kept[key] = value
+    return kept
+
+
 def prepare_run_folder(
     output: Path, kind: str, config: RunConfig, config_yaml: str, resume: bool | None, overwrite: bool
 ) -> bool:
@@ -61,7 +77,13 @@ def prepare_run_folder(
     output = Path(output)
     identity = run_identity(config)
     inputs = [resolve_model_path(p) if k == "model.path" else p for k, p in config.input_paths().items()]
-    state = claim_folder(output, kind, identity, inputs, overwrite, RUN_ENTRIES)
+    made = read_manifest(output) if output.is_dir() else None
+    compared = identity
+    if made is not None and made.kind == kind and "config" in made.identity:
+        set_here = config.model_dump(mode="json", exclude_defaults=True)
+        older = _less_newer_defaults(identity["config"], made.identity["config"], set_here)
+        compared = {**identity, "config": older}
+    state = claim_folder(output, kind, compared, inputs, overwrite, RUN_ENTRIES)
     if state == "matching" and overwrite:
         clear_folder(output, RUN_ENTRIES)
         state = "new"
