@@ -31,7 +31,8 @@ def route_usage(
         weights = _weights(route, texts, domain, batch_size)
         top = np.bincount(weights.argmax(1), minlength=len(modules)) / len(texts)
         tops += np.bincount(weights.argmax(1), minlength=len(modules))
-        entropy = float(-(weights * np.log(np.clip(weights, 1e-12, None))).sum(1).mean())
+        # + 0.0 turns the -0.0 of one-hot rows into 0.0
+        entropy = float(-(weights * np.log(np.clip(weights, 1e-12, None))).sum(1).mean()) + 0.0
         rows[name] = {
             "queries": len(texts),
             "mean_weight": dict(zip(modules, weights.mean(0).tolist(), strict=True)),
