@@ -13,6 +13,7 @@ from densekit.encoding.embed import embed_texts
 from densekit.fine_tuning import run_training
 from densekit.models import DenseEncoder
 
+from .test_cross_encoder_training import make_config as cross_encoder_config
 from .test_training import make_config
 
 QUERY_LORA = {"type": "lora", "rank": 4, "towers": "query", "name": "q"}
@@ -63,6 +64,10 @@ def test_saved_passage_vectors_are_refused_where_they_do_not_stand_for_the_passa
         make_config(collection, still_model, data=saved)  # a full fine-tune
     with pytest.raises(ValueError, match="this run changes how passages are encoded"):
         make_config(collection, still_model, modules={**QUERY_LORA, "towers": "shared"}, data=saved)
+    with pytest.raises(ValueError, match="saved passage vectors are not padded"):
+        make_config(collection, still_model, modules=QUERY_LORA, data={**saved, "length_grouping": 2})
+    with pytest.raises(ValueError, match=r"data\.passage_embeddings does not apply to a cross-encoder"):
+        cross_encoder_config(collection, still_model, data=saved)
     cls = make_config(collection, still_model, modules=QUERY_LORA, data=saved, model={"pooling": "cls"})
     with pytest.raises(ValueError, match=r"was encoded from passages encoded with other settings \(pooling"):
         run_training(cls, tmp_path / "cls", show_progress=False)

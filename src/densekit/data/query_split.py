@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from densekit.data.dataset import Dataset
-from densekit.data.trec import Judgement
+from densekit.data.records import Qrels
 from densekit.io.artefact import artefact_dir
 from densekit.io.outputs import claim_folder
 
@@ -41,7 +41,6 @@ def split_judged_queries(
     dataset = Dataset.open(data)
     if dataset.layout != "beir":
         raise ValueError(f"{dataset.root}: splitting queries needs a BEIR folder (corpus.jsonl and queries)")
-    judgements = dataset.judgements(split)
     _, qrels = dataset.split_queries(split)  # every judged query must exist
     judged = sorted(qrels)
     if not 0 < take < len(judged):
@@ -65,12 +64,12 @@ def split_judged_queries(
         (tmp / "corpus.jsonl").symlink_to(dataset.corpus_path.resolve())
         (tmp / "queries.jsonl").symlink_to(dataset.queries_path(split).resolve())
         (tmp / "qrels").mkdir()
-        _write_qrels(tmp / "qrels" / f"{FIT}.tsv", [j for j in judgements if j.query_id in chosen])
-        _write_qrels(tmp / "qrels" / f"{HELD_OUT}.tsv", [j for j in judgements if j.query_id not in chosen])
+        _write_qrels(tmp / "qrels" / f"{FIT}.tsv", {q: qrels[q] for q in judged if q in chosen})
+        _write_qrels(tmp / "qrels" / f"{HELD_OUT}.tsv", {q: qrels[q] for q in judged if q not in chosen})
     return QuerySplit(Path(output), **sizes, reused=False)
 
 
-def _write_qrels(path: Path, judgements: list[Judgement]) -> None:
+def _write_qrels(path: Path, qrels: Qrels) -> None:
     lines = ["query-id\tcorpus-id\tscore"]
-    lines += [f"{j.query_id}\t{j.doc_id}\t{j.relevance}" for j in judgements]
+    lines += [f"{query}\t{doc}\t{grade}" for query, docs in qrels.items() for doc, grade in docs.items()]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -205,6 +205,7 @@ def benchmark_collection(
             index = BM25Index(dataset.iter_corpus(), bm25_config, show_progress=show_progress)
             write_run(bm25_run, index.search(queries, k), "bm25", [dataset.root], bm25_identity)
 
+    given = None
     if given_index is None:
         index_dir = folder / "index"
         index_identity = _encode_and_index(encoder, dataset, folder, batch_size, show_progress, overwrite,
@@ -222,7 +223,8 @@ def benchmark_collection(
         dense_identity.update(route=route.identity(), domain=domain)
     with _stage(stages, "search", is_current(dense_run, RUN_KIND, dense_identity)) as fresh:
         if fresh:
-            retriever = Retriever(encoder, SearchIndex.load(index_dir), dataset=dataset, route=route)
+            index = given if given is not None else SearchIndex.load(index_dir)
+            retriever = Retriever(encoder, index, dataset=dataset, route=route)
             ranked = retriever.search_run(queries, k, batch_size, show_progress=show_progress, domain=domain)
             write_run(dense_run, ranked, "densekit", [dataset.root], dense_identity)
 

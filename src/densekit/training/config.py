@@ -302,6 +302,11 @@ class TrainConfig(RunConfig):
                 "encoded at each step; saved vectors serve only runs whose passages stay the base's "
                 "(a route, a hypernetwork, or a module with towers: query)"
             )
+        if self.data.passage_embeddings and self.data.length_grouping is not None:
+            raise ValueError(
+                "data.passage_embeddings with data.length_grouping: grouping sorts batches by passage length "
+                "to cut padding, and saved passage vectors are not padded"
+            )
         if self.data.passage_embeddings and self.ance.enabled:
             raise ValueError("data.passage_embeddings with ance: ANCE re-encodes the corpus as it trains")
         if routed and self.eval.split is not None:
@@ -357,4 +362,7 @@ class CrossEncoderTrainConfig(RunConfig):
             raise ValueError("grad_cache does not apply to a cross-encoder: set chunk_size to bound memory")
         if self.data.group_size < 2:
             raise ValueError("data.group_size must be at least 2: the listwise loss needs a negative")
+        if self.data.passage_embeddings:
+            raise ValueError("data.passage_embeddings does not apply to a cross-encoder: it reads each query "
+                             "and passage together")  # fmt: skip
         return self

@@ -51,15 +51,15 @@ def run_identity(config: RunConfig) -> dict[str, Any]:
 def _less_newer_defaults(fresh: dict[str, Any], saved: dict[str, Any], set_here: Any) -> dict[str, Any]:
     """`fresh` without the settings a run made by an earlier densekit does not record (they did not exist
     then) that are at their defaults here, so a new option does not stop an old run from resuming."""
+    set_here = set_here if isinstance(set_here, dict) else {}
     kept = {}
     for key, value in fresh.items():
-        chosen = set_here.get(key) if isinstance(set_here, dict) else None
         if key not in saved:
-            if isinstance(set_here, dict) and key in set_here:
+            if key in set_here:
                 kept[key] = value  # set here: a real difference
             continue
         if isinstance(value, dict) and isinstance(saved[key], dict):
-            value = _less_newer_defaults(value, saved[key], chosen if chosen is not None else {})
+            value = _less_newer_defaults(value, saved[key], set_here.get(key, {}))
         kept[key] = value
     return kept
 
