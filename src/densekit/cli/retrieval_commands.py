@@ -11,6 +11,7 @@ import annotated_types
 import typer
 
 from densekit.cli.options import (
+    BackendOpt,
     BatchOpt,
     DataDirArg,
     DepthOpt,
@@ -90,6 +91,7 @@ def encode(
     ] = "0/1",
     batch_size: BatchOpt = 64,
     device: DeviceOpt = "auto",
+    backend: BackendOpt = "torch",
     precision: PrecisionOpt = "float32",
     chunk_size: Annotated[int, typer.Option(min=1, help="Rows between resumable save points.")] = 4096,
     maxp: Annotated[
@@ -116,6 +118,7 @@ def encode(
     holding embeddings of another model, setting or corpus is refused unless --overwrite.
     """
     from densekit.encoding.corpus import Shard, encode_corpus
+    from densekit.encoding.onnx_backend import use_backend
     from densekit.encoding.passages import MaxPSettings
 
     part = Shard.parse(shard)
@@ -125,13 +128,14 @@ def encode(
         model, device, pooling, normalize, query_max_length, passage_max_length,
         query_prefix, passage_prefix, trust_remote_code, module,
     )  # fmt: skip
+    torch_precision = use_backend(encoder, backend, precision, ["passage"])
     meta = encode_corpus(
         encoder,
         Dataset.open(data_dir),
         output,
         part,
         batch_size,
-        precision,
+        torch_precision,
         chunk_size,
         progress,  # type: ignore[arg-type]
         MaxPSettings(stride=maxp_stride) if maxp else None,
@@ -219,6 +223,7 @@ def search(
     k: DepthOpt = 1000,
     batch_size: BatchOpt = 64,
     device: DeviceOpt = "auto",
+    backend: BackendOpt = "torch",
     precision: PrecisionOpt = "float32",
     gpu_index: Annotated[
         bool, typer.Option("--gpu-index", help="Search the index on the GPUs faiss sees.")
@@ -248,6 +253,7 @@ def search(
     """Encode a split's queries and write their top k documents from the index as a TREC run. MODEL may be
     a route folder (docs/routing.md): queries are then routed among its modules, over an index of the
     base's passages."""
+    from densekit.encoding.onnx_backend import use_backend
     from densekit.index import SearchIndex
     from densekit.retrieval.retriever import Retriever
 
@@ -258,6 +264,7 @@ def search(
         model, device, module, domain, pooling=pooling, normalize=normalize,
         query_max_length=query_max_length, passage_max_length=passage_max_length, query_prefix=query_prefix,
         passage_prefix=passage_prefix, trust_remote_code=trust_remote_code or None,
+        backend=None if backend == "torch" else backend,
     )  # fmt: skip
     if route is not None:
         encoder = route.encoder
@@ -266,6 +273,7 @@ def search(
             model, device, pooling, normalize, query_max_length, passage_max_length,
             query_prefix, passage_prefix, trust_remote_code, module,
         )  # fmt: skip
+    torch_precision = use_backend(encoder, backend, precision, ["query"])
     searcher = SearchIndex.load(index_dir, gpu=gpu_index)
     try:
         searcher.set_search_parameters(ef_search=ef_search, nprobe=nprobe)
@@ -276,7 +284,7 @@ def search(
         queries,
         k,
         batch_size,
-        precision,
+        torch_precision,
         show_progress=progress,
         domain=domain,  # type: ignore[arg-type]
     )

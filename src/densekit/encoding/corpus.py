@@ -15,6 +15,7 @@ from densekit.data.dataset import Dataset
 from densekit.data.records import Document
 from densekit.encoding.device import Precision
 from densekit.encoding.embed import embed_texts
+from densekit.encoding.onnx_backend import inference_record
 from densekit.encoding.passages import MaxPSettings, PassageSplitter
 from densekit.encoding.store import KIND, PART_PATTERNS, complete_part, part_stem
 from densekit.io.artefact import write_folder_manifest
@@ -50,15 +51,24 @@ class Shard:
 
 
 def embedding_identity(
-    encoder: DenseEncoder, dataset: Dataset, shards: int, maxp: MaxPSettings | None
+    encoder: DenseEncoder,
+    dataset: Dataset,
+    shards: int,
+    maxp: MaxPSettings | None,
+    precision: Precision = "float32",
 ) -> dict:
-    """What an embedding folder records of what made it, and what a resumed or reused part must match."""
-    return {
+    """What an embedding folder records of what made it, and what a resumed or reused part must match:
+    with a backend or precision other than PyTorch's float32, that too (`inference`)."""
+    identity = {
         "model": encoder.passage_identity(),
         "corpus": dataset.corpus_digest(),
         "shards": shards,
         "maxp": maxp.model_dump() if maxp is not None else None,
     }
+    inference = inference_record(encoder, precision)
+    if inference is not None:
+        identity["inference"] = inference
+    return identity
 
 
 def encode_corpus(
@@ -84,7 +94,7 @@ def encode_corpus(
     shard counts them, so the corpus is still streamed).
     """
     output = Path(output)
-    identity = embedding_identity(encoder, dataset, shard.count, maxp)
+    identity = embedding_identity(encoder, dataset, shard.count, maxp, precision)
     about = {"model": encoder.source, "corpus": str(dataset.corpus_path)}
     state = claim_folder(output, KIND, identity, [dataset.root, encoder.source], overwrite, PART_PATTERNS)
     output.mkdir(parents=True, exist_ok=True)

@@ -29,9 +29,22 @@ def embed_texts(
     Texts are tokenized once, sorted by token count (longest first, so memory peaks at the start) and
     batched, so padding is small; the encoder stays on whatever device it is on. `encode(input_ids,
     attention_mask, rows)` replaces the encoder's own forward (a route, which needs to know the rows).
+    With the encoder's `runtime` set (`onnx_backend.use_backend`), batches run through that export,
+    which must have been made with the module active now; `precision` is then torch's float32.
     """
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    runtime = encoder.runtime
+    if runtime is not None:
+        if encode is not None:
+            raise ValueError("a route encodes through PyTorch: --backend onnx does not apply to it")
+        if precision != "float32":
+            raise ValueError(f"the encoder runs ONNX Runtime at {runtime.precision}, not torch {precision}")
+        if runtime.module != encoder.active:
+            raise RuntimeError(
+                f"the ONNX Runtime export was made with module {runtime.module!r} active, not "
+                f"{encoder.active!r}: export it again"
+            )
     output = np.empty((len(texts), encoder.dimension), dtype=np.float32)
     if not texts:
         return output
@@ -50,7 +63,9 @@ def embed_texts(
                     inputs["input_ids"].to(device),
                     inputs["attention_mask"].to(device),
                 )
-                if encode is None:
+                if runtime is not None:
+                    vectors = runtime(input_ids, attention_mask, kind)
+                elif encode is None:
                     vectors = encoder(input_ids, attention_mask, kind=kind)
                 else:
                     vectors = encode(input_ids, attention_mask, rows)

@@ -21,6 +21,8 @@ from densekit.data.dataset import Dataset
 from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import embedding_identity, encode_corpus
+from densekit.encoding.device import Precision
+from densekit.encoding.onnx_backend import inference_record
 from densekit.encoding.store import EmbeddingStore, part_stem
 from densekit.evaluation.measures import evaluate, parse_measures
 from densekit.index import IndexSpec, SearchIndex, build_index
@@ -120,13 +122,15 @@ def run_benchmark(
     route: Route | None = None,
     domains: list[str] | None = None,
     indexes: list[Path] | None = None,
+    precision: Precision = "float32",
 ) -> BenchmarkResult:
     """BM25 and `encoder` on the `split` of each collection; writes the table, its JSON and a chart.
     With `route` (on `encoder`), queries are routed over the base's passages, each collection's by its
     domain (`domains`, one per collection; default: the collections' names). With `indexes` (one per
     collection), each collection is searched in its given index, checked to be of the passages this
     encoder makes, instead of encoding the corpus: the base's indexes serve every query-only module and
-    route of that base."""
+    route of that base. `precision` is torch's autocast; the encoder's `runtime`, when set, encodes
+    instead (`onnx_backend.use_backend`), and either is recorded by every stage."""
     measures = measures or ["nDCG@10", "R@100"]
     parse_measures(measures)  # an unknown measure fails before any work
     if not data_dirs:
@@ -143,6 +147,9 @@ def run_benchmark(
     identity = {"model": encoder.identity(), "split": split, "k": k}
     if route is not None:
         identity["route"] = route.identity()
+    inference = inference_record(encoder, precision)
+    if inference is not None:
+        identity["inference"] = inference
     inputs = [*data_dirs, encoder.source]
     if claim_folder(output, KIND, identity, inputs, overwrite, _ENTRIES) == "new":
         output.mkdir(parents=True, exist_ok=True)
@@ -154,7 +161,7 @@ def run_benchmark(
         domain = (domains[number - 1] if domains is not None else name) if fixed else None
         result = benchmark_collection(
             encoder, model_name, dataset, output / name, split, measures, k, batch_size, show_progress,
-            overwrite, route, domain, None if indexes is None else Path(indexes[number - 1]),
+            overwrite, route, domain, None if indexes is None else Path(indexes[number - 1]), precision,
         )  # fmt: skip
         results.append(result)
         log.info(
@@ -181,12 +188,13 @@ def benchmark_collection(
     route: Route | None = None,
     domain: str | None = None,
     given_index: Path | None = None,
+    precision: Precision = "float32",
 ) -> CollectionResult:
     """BM25 and `encoder` on one collection, in `folder` (`bm25.trec`, `embeddings/`, `index/`,
     `dense.trec`), each stage reused when what made it is unchanged; the caller checks that `folder`
     may be written. With `route`, queries are routed (by `domain` for a fixed route). With
     `given_index`, that index is searched (after checking it holds this encoder's passages of this
-    corpus) and the corpus is not encoded."""
+    corpus) and the corpus is not encoded. `precision` as for `run_benchmark`."""
     measures = measures or ["nDCG@10", "R@100"]
     folder.mkdir(parents=True, exist_ok=True)
     queries, qrels = dataset.split_queries(split)
@@ -209,7 +217,7 @@ def benchmark_collection(
     if given_index is None:
         index_dir = folder / "index"
         index_identity = _encode_and_index(encoder, dataset, folder, batch_size, show_progress, overwrite,
-                                           stages)  # fmt: skip
+                                           stages, precision)  # fmt: skip
     else:
         index_dir = Path(given_index)
         given = SearchIndex.load(index_dir)
@@ -221,11 +229,15 @@ def benchmark_collection(
     dense_identity = {**split_identity, "model": encoder.identity(), "index": index_identity}
     if route is not None:
         dense_identity.update(route=route.identity(), domain=domain)
+    inference = inference_record(encoder, precision)
+    if inference is not None:
+        dense_identity["inference"] = inference
     with _stage(stages, "search", is_current(dense_run, RUN_KIND, dense_identity)) as fresh:
         if fresh:
             index = given if given is not None else SearchIndex.load(index_dir)
             retriever = Retriever(encoder, index, dataset=dataset, route=route)
-            ranked = retriever.search_run(queries, k, batch_size, show_progress=show_progress, domain=domain)
+            ranked = retriever.search_run(queries, k, batch_size, precision, show_progress=show_progress,
+                                          domain=domain)  # fmt: skip
             write_run(dense_run, ranked, "densekit", [dataset.root], dense_identity)
 
     scores = {}
@@ -242,19 +254,20 @@ def _encode_and_index(
     show_progress: bool,
     overwrite: bool,
     stages: dict[str, float | str],
+    precision: Precision = "float32",
 ) -> dict:
     """Encode the corpus into `folder/embeddings` and build a flat `folder/index`, each unless an
     unchanged one is there; returns the index's identity."""
     embeddings, index_dir = folder / "embeddings", folder / "index"
     spec = IndexSpec(type="flat")
     made = read_manifest(embeddings) if embeddings.is_dir() else None
-    fresh_embeddings = embedding_identity(encoder, dataset, 1, None)
+    fresh_embeddings = embedding_identity(encoder, dataset, 1, None, precision)
     encoded = made is not None and not differences(made.identity, fresh_embeddings)
     complete = (embeddings / part_stem(0, 1)).with_suffix(".json").is_file()
     with _stage(stages, "encode", encoded and complete) as fresh:
         if fresh:
-            encode_corpus(encoder, dataset, embeddings, batch_size=batch_size, show_progress=show_progress,
-                          overwrite=overwrite)  # fmt: skip
+            encode_corpus(encoder, dataset, embeddings, batch_size=batch_size, precision=precision,
+                          show_progress=show_progress, overwrite=overwrite)  # fmt: skip
     store = EmbeddingStore.open(embeddings)
     index_identity = {
         "embeddings": store.identity,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -18,6 +18,9 @@ from densekit.models.loading import load_pretrained
 from densekit.models.modules.module import EncoderModule, ModuleError, is_module_folder, read_module_file
 from densekit.models.pooling import pool, without_prompt
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
+
+if TYPE_CHECKING:
+    from densekit.encoding.onnx_backend import OnnxEncoder
 
 log = logging.getLogger("densekit")
 
@@ -43,7 +46,8 @@ class DenseEncoder(torch.nn.Module):
     sentence-transformers folder, a saved densekit model or a hub id with `DenseEncoder.load`.
 
     Modules (`densekit.models.modules`) sit on the frozen backbones, any number at once, by name; the
-    active one (or none: the base alone) encodes. Saving with a module active saves the module.
+    active one (or none: the base alone) encodes. Saving with a module active saves the module. With
+    `runtime` set, inference (`densekit.encoding.embed`) runs through that ONNX Runtime export instead.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class DenseEncoder(torch.nn.Module):
         self.source = source
         self.attached = torch.nn.ModuleDict()
         self.active: str | None = None
+        self.runtime: OnnxEncoder | None = None  # set by `densekit.encoding.onnx_backend.use_backend`
         self._prompt_lengths: dict[str, int] = {}
 
     @classmethod

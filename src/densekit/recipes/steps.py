@@ -15,6 +15,7 @@ from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.device import resolve_device
+from densekit.encoding.onnx_backend import Backend, use_backend
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
 from densekit.fine_tuning import run_cross_encoder_training, run_training
@@ -148,6 +149,8 @@ class EncodeStep(Step):
     data: str
     output: str
     batch_size: int = 64
+    backend: Backend = "torch"
+    precision: str = "float32"
 
     def inputs(self) -> list[str]:
         return [self.model, self.data]
@@ -155,8 +158,9 @@ class EncodeStep(Step):
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Encode the corpus."""
         encoder = DenseEncoder.load(self.model).to(resolve_device(device))
+        precision = use_backend(encoder, self.backend, self.precision, ["passage"])
         encode_corpus(encoder, Dataset.open(self.data), Path(self.output), batch_size=self.batch_size,
-                      show_progress=show_progress, overwrite=overwrite)  # fmt: skip
+                      precision=precision, show_progress=show_progress, overwrite=overwrite)  # fmt: skip
 
 
 class IndexStep(Step):
@@ -188,6 +192,8 @@ class SearchStep(Step):
     output: str
     k: int = 1000
     batch_size: int = 64
+    backend: Backend = "torch"
+    precision: str = "float32"
 
     def inputs(self) -> list[str]:
         return [self.model, self.index, self.data]
@@ -198,8 +204,9 @@ class SearchStep(Step):
         dataset = Dataset.open(self.data)
         queries, _ = dataset.split_queries(self.split)
         encoder = DenseEncoder.load(self.model).to(resolve_device(device))
+        precision = use_backend(encoder, self.backend, self.precision, ["query"])
         retriever = Retriever(encoder, SearchIndex.load(self.index), dataset=dataset)
-        run = retriever.search_run(queries, self.k, self.batch_size, show_progress=show_progress)
+        run = retriever.search_run(queries, self.k, self.batch_size, precision, show_progress=show_progress)
         write_run(Path(self.output), run, inputs=self.inputs())
 
 

@@ -51,6 +51,12 @@ def load_passage_vectors(
         if store.maxp is not None:
             raise ValueError(f"data.passage_embeddings: {folder} holds MaxP passages, not one vector a text")
         check_passages_made_by(encoder, store.identity, f"data.passage_embeddings: {folder} was encoded")
+        inference = store.identity.get("inference")
+        if inference is not None:
+            raise ValueError(
+                f"data.passage_embeddings: {folder} was encoded by {inference['backend']} at "
+                f"{inference['precision']}; training looks up the float32 vectors PyTorch computes"
+            )
         prefixes = [p for p in wanted.get(store.identity["corpus"], []) if p not in matched]
         if store.identity["corpus"] not in wanted:
             raise ValueError(
