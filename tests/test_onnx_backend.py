@@ -18,6 +18,7 @@ from densekit.evaluation.benchmark import run_benchmark
 from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 from densekit.models.modules.specs import LoraSpec
+from densekit.recipes.steps import EncodeStep
 from densekit.training.passage_vectors import load_passage_vectors
 
 from .conftest import tiny_bert
@@ -161,3 +162,11 @@ def test_a_benchmark_on_another_backend_encodes_again(tiny_model: Path, beir_dir
     assert (
         EmbeddingStore.open(folder / beir_dir.name / "embeddings").identity["inference"]["backend"] == "onnx"
     )
+
+
+def test_a_recipes_encode_step_takes_the_backend(tiny_model: Path, beir_dir: Path, tmp_path: Path):
+    step = EncodeStep(type="encode", model=str(tiny_model), data=str(beir_dir), output=str(tmp_path / "emb"),
+                      backend="onnx", precision="int8")  # fmt: skip
+    step.run("cpu", show_progress=False, overwrite=False)
+    made = EmbeddingStore.open(tmp_path / "emb").identity
+    assert made["inference"] == {"backend": "onnx", "precision": "int8"}
