@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from densekit.cli import app
@@ -170,3 +171,5 @@ def test_a_recipes_encode_step_takes_the_backend(tiny_model: Path, beir_dir: Pat
     step.run("cpu", show_progress=False, overwrite=False)
     made = EmbeddingStore.open(tmp_path / "emb").identity
     assert made["inference"] == {"backend": "onnx", "precision": "int8"}
+    with pytest.raises(ValidationError, match="precision"):  # refused when the recipe is read
+        EncodeStep(type="encode", model="m", data="d", output="o", precision="int4")

@@ -744,3 +744,17 @@ def test_settings_a_route_would_ignore_are_refused(collection, tiny_model: Path,
         soft.encode_queries(QUERIES, ["x"] * len(QUERIES))
     with pytest.raises(ValueError, match="--domain chooses a module through a route"):
         load_route(str(tiny_model), "cpu", None, "x")
+
+
+def test_a_routes_queries_are_encoded_at_the_precision_asked(encoder: DenseEncoder, beir_dir: Path):
+    from densekit.data import Dataset
+    from densekit.encoding.embed import embed_texts
+
+    route = Route(encoder, RouteSpec(type="fixed", modules=["a", "b"], domains={"x": "a", "y": "b"}))
+    texts = list(Dataset.open(beir_dir).split_queries("test")[0].values())
+    routed = {p: route.encode_queries(texts, ["x"] * len(texts), precision=p) for p in ("float32", "bf16")}
+    encoder.activate("a")
+    direct_bf16 = embed_texts(encoder, texts, "query", precision="bf16")
+    encoder.activate(None)
+    assert np.abs(routed["bf16"] - routed["float32"]).max() > 1e-5  # bf16 reached the modules
+    np.testing.assert_allclose(routed["bf16"], direct_bf16, atol=2e-2)

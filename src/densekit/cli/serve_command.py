@@ -117,7 +117,10 @@ def serve(
     encoder.activate(retrievers[0].module)
     if backend != "torch" or precision != "float32":
         if retrievers[0].route is not None or extra:
-            raise ValueError("--backend onnx serves one model and its index: not a route or --module-index")
+            raise ValueError(
+                f"--backend {backend} --precision {precision} serves one model and its index: not a route "
+                "or --module-index"
+            )
         if use_backend(encoder, backend, precision, ["query"]) != "float32":
             raise ValueError(
                 f"--precision {precision}: serve runs torch at float32, or int8 with --backend onnx"

@@ -15,7 +15,7 @@ from densekit.data.dataset import Dataset
 from densekit.data.records import Document
 from densekit.encoding.device import Precision
 from densekit.encoding.embed import embed_texts
-from densekit.encoding.onnx_backend import inference_record
+from densekit.encoding.onnx_backend import with_inference
 from densekit.encoding.passages import MaxPSettings, PassageSplitter
 from densekit.encoding.store import KIND, PART_PATTERNS, complete_part, part_stem
 from densekit.io.artefact import write_folder_manifest
@@ -65,10 +65,7 @@ def embedding_identity(
         "shards": shards,
         "maxp": maxp.model_dump() if maxp is not None else None,
     }
-    inference = inference_record(encoder, precision)
-    if inference is not None:
-        identity["inference"] = inference
-    return identity
+    return with_inference(identity, encoder, precision)
 
 
 def encode_corpus(

@@ -30,6 +30,7 @@ from densekit.models.encoder import DenseEncoder
 log = logging.getLogger("densekit")
 
 Backend = Literal["torch", "onnx"]
+InferencePrecision = Literal["float32", "bf16", "fp16", "int8"]  # torch's three, and int8 with onnx
 ONNX_PRECISIONS: tuple[str, ...] = ("float32", "int8")
 # The least cosine between an export's vectors and PyTorch's on the probe texts: float32 differs only
 # by the order of floating-point operations; int8 by its quantisation (all-MiniLM-L6-v2's lowest over 200
@@ -73,6 +74,12 @@ def inference_record(encoder: DenseEncoder, precision: str = "float32") -> dict[
     return None if precision == "float32" else {"backend": "torch", "precision": precision}
 
 
+def with_inference(identity: dict, encoder: DenseEncoder, precision: str = "float32") -> dict:
+    """`identity` with `inference_record(encoder, precision)` under `inference` where there is one."""
+    inference = inference_record(encoder, precision)
+    return identity if inference is None else {**identity, "inference": inference}
+
+
 class _KindForward(torch.nn.Module):
     """`encoder.encode_with(module, ..., kind)` as a module of two inputs, for the exporter."""
 
@@ -98,8 +105,8 @@ class OnnxEncoder:
         if kind not in self.sessions:
             raise ValueError(f"this ONNX export encodes {' and '.join(self.sessions)} texts, not {kind} ones")
         feeds = {
-            "input_ids": input_ids.cpu().numpy().astype(np.int64),
-            "attention_mask": attention_mask.cpu().numpy().astype(np.int64),
+            "input_ids": input_ids.cpu().numpy().astype(np.int64, copy=False),
+            "attention_mask": attention_mask.cpu().numpy().astype(np.int64, copy=False),
         }
         (vectors,) = self.sessions[kind].run(None, feeds)  # type: ignore[attr-defined]
         return torch.from_numpy(vectors)

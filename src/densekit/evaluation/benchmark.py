@@ -22,7 +22,7 @@ from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import embedding_identity, encode_corpus
 from densekit.encoding.device import Precision
-from densekit.encoding.onnx_backend import inference_record
+from densekit.encoding.onnx_backend import with_inference
 from densekit.encoding.store import EmbeddingStore, part_stem
 from densekit.evaluation.measures import evaluate, parse_measures
 from densekit.index import IndexSpec, SearchIndex, build_index
@@ -147,9 +147,7 @@ def run_benchmark(
     identity = {"model": encoder.identity(), "split": split, "k": k}
     if route is not None:
         identity["route"] = route.identity()
-    inference = inference_record(encoder, precision)
-    if inference is not None:
-        identity["inference"] = inference
+    identity = with_inference(identity, encoder, precision)
     inputs = [*data_dirs, encoder.source]
     if claim_folder(output, KIND, identity, inputs, overwrite, _ENTRIES) == "new":
         output.mkdir(parents=True, exist_ok=True)
@@ -229,9 +227,7 @@ def benchmark_collection(
     dense_identity = {**split_identity, "model": encoder.identity(), "index": index_identity}
     if route is not None:
         dense_identity.update(route=route.identity(), domain=domain)
-    inference = inference_record(encoder, precision)
-    if inference is not None:
-        dense_identity["inference"] = inference
+    dense_identity = with_inference(dense_identity, encoder, precision)
     with _stage(stages, "search", is_current(dense_run, RUN_KIND, dense_identity)) as fresh:
         if fresh:
             index = given if given is not None else SearchIndex.load(index_dir)

@@ -15,7 +15,7 @@ from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.device import resolve_device
-from densekit.encoding.onnx_backend import Backend, use_backend
+from densekit.encoding.onnx_backend import Backend, InferencePrecision, use_backend
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
 from densekit.fine_tuning import run_cross_encoder_training, run_training
@@ -150,7 +150,7 @@ class EncodeStep(Step):
     output: str
     batch_size: int = 64
     backend: Backend = "torch"
-    precision: str = "float32"
+    precision: InferencePrecision = "float32"
 
     def inputs(self) -> list[str]:
         return [self.model, self.data]
@@ -193,7 +193,7 @@ class SearchStep(Step):
     k: int = 1000
     batch_size: int = 64
     backend: Backend = "torch"
-    precision: str = "float32"
+    precision: InferencePrecision = "float32"
 
     def inputs(self) -> list[str]:
         return [self.model, self.index, self.data]

@@ -113,7 +113,7 @@ class Retriever:
         """The query vectors of `texts`, in their order; with a route, routed (by `domains`, one per text,
         for a fixed route)."""
         if self.route is not None:
-            return self.route.encode_queries(texts, domains, batch_size)
+            return self.route.encode_queries(texts, domains, batch_size, precision)
         if domains is not None:
             raise ValueError("domains choose modules only through a route")
         if self.encoder.active != self.module:

@@ -17,6 +17,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from densekit.encoding.device import Precision
 from densekit.encoding.embed import embed_texts
 from densekit.io.artefact import artefact_dir, verify
 from densekit.models.encoder import DenseEncoder
@@ -123,9 +124,14 @@ class Route(torch.nn.Module):
         return routed_vectors(self.encoder, self.spec.modules, weights, input_ids, attention_mask)
 
     def encode_queries(
-        self, texts: list[str], domains: Sequence[str | None] | None = None, batch_size: int = 64
+        self,
+        texts: list[str],
+        domains: Sequence[str | None] | None = None,
+        batch_size: int = 64,
+        precision: Precision = "float32",
     ) -> np.ndarray:
-        """Routed vectors of `texts` in their order (`domains`, one per text, for a fixed route)."""
+        """Routed vectors of `texts` in their order (`domains`, one per text, for a fixed route), under
+        torch's `precision`."""
         if domains is not None and self.spec.type != "fixed":
             raise ValueError(
                 f"a {self.spec.type} route chooses its modules itself; domains apply to a fixed one"
@@ -137,7 +143,7 @@ class Route(torch.nn.Module):
             chosen = None if domains is None else [domains[int(i)] for i in rows]
             return self(input_ids, attention_mask, chosen)
 
-        return embed_texts(self.encoder, texts, "query", batch_size, encode=encode)
+        return embed_texts(self.encoder, texts, "query", batch_size, precision, encode=encode)
 
     def fingerprint(self) -> str:
         """A digest of the spec, the base, the modules' weights and the router's."""
