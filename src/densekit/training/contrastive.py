@@ -29,13 +29,9 @@ from densekit.models.modules.routing import load_balancing_loss, soft_weights
 from densekit.training import distributed
 from densekit.training.config import INNER_PRODUCT_TEMPERATURE, NORMALIZED_TEMPERATURE, TrainConfig
 from densekit.training.grad_cache import cached_backward, split_inputs
-from densekit.training.groups import GroupSampler
+from densekit.training.grouped_task import GroupedExamplesTask
 from densekit.training.passage_vectors import PassageVectors
 from densekit.training.sampling import (
-    DomainBatching,
-    LengthGrouping,
-    batches_per_epoch,
-    domain_batching,
     global_batch_rows,
     local_batch_rows,
 )
@@ -119,7 +115,7 @@ def kl_distillation_loss(
     )
 
 
-class ContrastiveTask:
+class ContrastiveTask(GroupedExamplesTask):
     """What the trainer needs for contrastive fine-tuning: batches, forward and backward, export."""
 
     def __init__(
@@ -142,9 +138,8 @@ class ContrastiveTask:
         self.module_folders = module_folders or {}
         self.hypernetwork = hypernetwork
         self.module = route or hypernetwork or encoder
-        self.examples = examples
-        self.texts = texts
-        self.config = config
+        self._token_counts: dict[str, int] = {}
+        super().__init__(examples, texts, config)
         self.temperature = config.loss.temperature_for(encoder.config.normalize)
         if not encoder.config.normalize and self.temperature < 0.5:
             log.warning(
@@ -153,17 +148,9 @@ class ContrastiveTask:
                 "model.normalize: true), DPR's unnormalised training uses %g (the default without it)",
                 self.temperature, NORMALIZED_TEMPERATURE, INNER_PRODUCT_TEMPERATURE,
             )  # fmt: skip
-        batch = config.optim.batch_size
-        if len(examples) < batch:
-            raise ValueError(f"{len(examples)} training examples are fewer than one batch of {batch}")
-        self.sampler = GroupSampler(
-            examples, config.data.group_size, config.seed, config.data.shortfall, list(texts)
-        )
-        self._token_counts: dict[str, int] = {}
-        self._grouping: tuple[int, LengthGrouping] | None = None
-        self._domains = self._domain_batching()
         if config.loss.distillation != "none":
             _check_teacher_scores(examples, config)
+        batch = config.optim.batch_size
         left_over = len(examples) % batch
         if left_over:
             log.info(
@@ -176,20 +163,7 @@ class ContrastiveTask:
         """Train on new negatives (ANCE) for the same queries, in the same order."""
         if [e.query_id for e in examples] != [e.query_id for e in self.examples]:
             raise ValueError("new examples must hold the same queries in the same order")
-        self.examples = examples
-        self.sampler = GroupSampler(
-            examples,
-            self.config.data.group_size,
-            self.config.seed,
-            self.config.data.shortfall,
-            list(self.texts),
-        )
-        self._grouping = None
-        self._domains = self._domain_batching()
-
-    def steps_per_epoch(self) -> int:
-        """Global batches per epoch."""
-        return batches_per_epoch(len(self.examples), self.config.optim.batch_size, self.grouping(0))
+        self._use_examples(examples)
 
     def batch(self, epoch: int, step: int) -> ContrastiveBatch:
         """This process's part of global batch `step` of `epoch`."""
@@ -219,30 +193,14 @@ class ContrastiveTask:
             self.examples[int(rows[0])].domain if self.config.data.batches == "by_domain" else None,
         )
 
-    def grouping(self, epoch: int) -> LengthGrouping | DomainBatching | None:
-        """How `epoch`'s batches are grouped: by domain, by length, or not at all."""
-        return self._domains if self._domains is not None else self.length_grouping(epoch)
-
-    def _domain_batching(self) -> DomainBatching | None:
-        """With `data.batches: by_domain`, each example's domain (checked once, before training)."""
-        if self.config.data.batches != "by_domain":
-            return None
-        return domain_batching([e.domain for e in self.examples], self.config.data.train)
-
-    def length_grouping(self, epoch: int) -> LengthGrouping | None:
-        """With `data.length_grouping`, each example's length in `epoch`: the token count (after
-        truncation) of the longest passage of its group, which is what the batch is padded to."""
-        bucket_batches = self.config.data.length_grouping
-        if bucket_batches is None:
-            return None
-        if self._grouping is None or self._grouping[0] != epoch:
-            groups = [self.sampler.group(i, epoch) for i in range(len(self.examples))]
-            unknown = sorted({d for p, negs in groups for d in [p, *negs]} - self._token_counts.keys())
-            counts = self.encoder.tokenize([self.texts[d] for d in unknown], "passage") if unknown else []
-            self._token_counts.update((d, len(ids)) for d, ids in zip(unknown, counts, strict=True))
-            lengths = np.array([max(self._token_counts[d] for d in [p, *negs]) for p, negs in groups])
-            self._grouping = (epoch, LengthGrouping(lengths, bucket_batches))
-        return self._grouping[1]
+    def group_lengths(self, epoch: int) -> np.ndarray:
+        """Each example's length in `epoch`: the token count (after truncation) of the longest passage
+        of its group, which is what the batch is padded to."""
+        groups = [self.sampler.group(i, epoch) for i in range(len(self.examples))]
+        unknown = sorted({d for p, negs in groups for d in [p, *negs]} - self._token_counts.keys())
+        counts = self.encoder.tokenize([self.texts[d] for d in unknown], "passage") if unknown else []
+        self._token_counts.update((d, len(ids)) for d, ids in zip(unknown, counts, strict=True))
+        return np.array([max(self._token_counts[d] for d in [p, *negs]) for p, negs in groups])
 
     def false_negatives(self, epoch: int, step: int) -> torch.Tensor | None:
         """Where a passage of the batch is a known positive of a query other than its target: over the

@@ -22,12 +22,8 @@ from densekit.data.examples import TrainingExample
 from densekit.encoding.device import autocast
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.training.config import CrossEncoderTrainConfig
-from densekit.training.groups import GroupSampler
+from densekit.training.grouped_task import GroupedExamplesTask
 from densekit.training.sampling import (
-    DomainBatching,
-    LengthGrouping,
-    batches_per_epoch,
-    domain_batching,
     local_batch_rows,
 )
 
@@ -52,7 +48,7 @@ def listwise_loss(scores: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(scores, torch.zeros(scores.shape[0], dtype=torch.long, device=scores.device))
 
 
-class CrossEncoderTask:
+class CrossEncoderTask(GroupedExamplesTask):
     """What the trainer needs to train a cross-encoder: batches, forward and backward, export."""
 
     def __init__(
@@ -63,21 +59,7 @@ class CrossEncoderTask:
         config: CrossEncoderTrainConfig,
     ):
         self.module = cross_encoder
-        self.examples = examples
-        self.texts = texts
-        self.config = config
-        batch = config.optim.batch_size
-        if len(examples) < batch:
-            raise ValueError(f"{len(examples)} training examples are fewer than one batch of {batch}")
-        self.sampler = GroupSampler(
-            examples, config.data.group_size, config.seed, config.data.shortfall, list(texts)
-        )
-        self._grouping: tuple[int, LengthGrouping] | None = None
-        self._domains = self._domain_batching()
-
-    def steps_per_epoch(self) -> int:
-        """Global batches per epoch."""
-        return batches_per_epoch(len(self.examples), self.config.optim.batch_size, self.grouping(0))
+        super().__init__(examples, texts, config)
 
     def _pairs(self, index: int, epoch: int) -> list[dict[str, list[int]]]:
         example = self.examples[index]
@@ -94,28 +76,12 @@ class CrossEncoderTask:
         pairs = [pair for index in rows for pair in self._pairs(int(index), epoch)]
         return ListwiseBatch(pairs, self.config.data.group_size)
 
-    def grouping(self, epoch: int) -> LengthGrouping | DomainBatching | None:
-        """How `epoch`'s batches are grouped: by domain, by length, or not at all."""
-        return self._domains if self._domains is not None else self.length_grouping(epoch)
-
-    def _domain_batching(self) -> DomainBatching | None:
-        """With `data.batches: by_domain`, each example's domain (checked once, before training)."""
-        if self.config.data.batches != "by_domain":
-            return None
-        return domain_batching([e.domain for e in self.examples], self.config.data.train)
-
-    def length_grouping(self, epoch: int) -> LengthGrouping | None:
-        """With `data.length_grouping`, each example's length in `epoch`: the token count of the longest
-        pair of its group, which is what its rows are padded to."""
-        bucket_batches = self.config.data.length_grouping
-        if bucket_batches is None:
-            return None
-        if self._grouping is None or self._grouping[0] != epoch:
-            lengths = np.array(
-                [max(len(p["input_ids"]) for p in self._pairs(i, epoch)) for i in range(len(self.examples))]
-            )
-            self._grouping = (epoch, LengthGrouping(lengths, bucket_batches))
-        return self._grouping[1]
+    def group_lengths(self, epoch: int) -> np.ndarray:
+        """Each example's length in `epoch`: the token count of the longest pair of its group, which is
+        what its rows are padded to."""
+        return np.array(
+            [max(len(p["input_ids"]) for p in self._pairs(i, epoch)) for i in range(len(self.examples))]
+        )
 
     def forward_backward(self, batch: ListwiseBatch, scale: float = 1.0) -> dict[str, float]:
         """Back-propagate `scale` times the batch's mean loss, chunk by chunk; returns the unscaled loss."""
