@@ -128,6 +128,17 @@ def test_shipped_recipes_validate(path: Path, tmp_path: Path):
     assert list(steps)[-1] == "evaluate"
 
 
+@pytest.mark.parametrize("recipe", ["scifact-lora", "nfcorpus-lora"])
+def test_the_module_recipes_train_any_kind_given_on_the_command_line(recipe: str, tmp_path: Path):
+    path = ROOT / "recipes" / f"{recipe}.yaml"
+    adapter = "module={type: adapter, name: d, bottleneck: 8}"
+    _, steps = load_recipe(path, tmp_path, ["data.path=/data", adapter])
+    for round_ in ("round1", "round2"):
+        assert steps[round_].config["modules"] == {"type": "adapter", "name": "d", "bottleneck": 8}
+    with pytest.raises(DataError, match=r"modules\.lora\.rnk: Extra inputs are not permitted"):
+        load_recipe(path, tmp_path, ["data.path=/data", "module={type: lora, name: d, rnk: 4}"])
+
+
 def test_a_train_steps_config_is_checked_before_anything_runs(tmp_path: Path):
     path = tmp_path / "r.yaml"
     recipe = {"steps": {
