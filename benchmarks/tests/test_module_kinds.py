@@ -1,0 +1,30 @@
+"""The module-kinds benchmark runs a kind's two-round recipe and reads its figures from the run (a
+check of the benchmark script, kept with it: the package's tests never import benchmarks/)."""
+
+import json
+from pathlib import Path
+
+from benchmarks.module_kinds import measure_kind, to_markdown
+
+
+def test_a_module_and_the_full_fine_tune_are_measured_from_their_runs(
+    beir_dir: Path, tiny_model: Path, tmp_path: Path
+):
+    overrides = [f"model.path={tiny_model}", "train.batch_size=1", "train.epochs=1"]
+    lora = measure_kind("lora", 5e-4, beir_dir, tmp_path / "runs", overrides)
+    full = measure_kind("full", 2e-5, beir_dir, tmp_path / "runs", overrides)
+    for row, kind in ((lora, "lora"), (full, "full")):
+        out = tmp_path / "runs" / f"{kind}-lr{row['learning_rate']:g}"
+        assert row["round2_ndcg@10"] == json.loads((out / "test.json").read_text())["nDCG@10"]
+        assert row["round1_ndcg@10"] == json.loads((out / "round1-test.json").read_text())["nDCG@10"]
+        assert row["peak_memory_gib"] > 0.1 and row["seconds_per_step_round1"] > 0
+    assert (tmp_path / "runs" / "lora-lr0.0005" / "round2" / "model" / "densekit-module.json").is_file()
+    assert lora["trainable"] > 0 and lora["trainable_percent"] < 100 and full["trainable"] is None
+    assert lora["model_on_disk_mib"] < full["model_on_disk_mib"]
+    table = to_markdown([full, lora]).splitlines()
+    assert len(table) == 4 and table[2].startswith("| full | 2e-05 |") and table[3].startswith("| lora |")
+
+    log = tmp_path / "runs" / "lora-lr0.0005" / "round1" / "train_log.jsonl"
+    before = log.stat().st_mtime_ns
+    again = measure_kind("lora", 5e-4, beir_dir, tmp_path / "runs", overrides)
+    assert log.stat().st_mtime_ns == before and again["round2_ndcg@10"] == lora["round2_ndcg@10"]
