@@ -27,7 +27,7 @@ from densekit.evaluation.compare import compare_runs
 from densekit.evaluation.fusion import linear_fusion, reciprocal_rank_fusion
 from densekit.evaluation.significance import holm, paired_test, per_query
 from densekit.index import IndexSpec, SearchIndex, build_index
-from densekit.mining.diagnose import diagnose_negatives
+from densekit.mining.diagnose import NegativesReport, _plot_label, diagnose_negatives, plot_negatives
 from densekit.models import DenseEncoder
 
 from .conftest import tiny_bert
@@ -292,6 +292,15 @@ def test_diagnose_negatives_names_a_document_the_index_lacks(collection, tiny_mo
     write_examples(tmp_path / "bad.jsonl", examples)
     with pytest.raises(DataError, match=r"bad.jsonl:1: .*'nowhere' is not in the index"):
         diagnose_negatives(tmp_path / "bad.jsonl", encoder, SearchIndex.load(tmp_path / "index"))
+
+
+def test_the_negatives_plot_names_each_file_and_an_ance_version_by_its_folder(tmp_path: Path):
+    names = ["two-round/round1-examples.jsonl", *(f"version-00000{v}/examples.jsonl" for v in (0, 1))]
+    reports = [NegativesReport(n, 4, 12, 5, k, k / 12, 0.3 - k / 100) for k, n in enumerate(names, 4)]
+    plot_negatives(reports, tmp_path / "negatives.png")
+    assert (tmp_path / "negatives.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    labels = ["two-round/\nround1-examples", "version-000000", "version-000001"]
+    assert [_plot_label(n) for n in names] == labels
 
 
 def test_success_at_k_is_dpr_top_k_accuracy_through_the_evaluate_command(tmp_path: Path):

@@ -119,14 +119,22 @@ def plot_negatives(reports: list[NegativesReport], output: Path, record: bool = 
     `record`: see `save_png`."""
     plt = pyplot()
 
-    figure, (share_axis, margin_axis) = plt.subplots(1, 2, figsize=(10, 3.6))
+    figure, (share_axis, margin_axis) = plt.subplots(1, 2, figsize=(11, 4.5))
     x = np.arange(len(reports))
     share_axis.plot(x, [100 * r.share_in_top_k for r in reports], marker="o")
-    share_axis.set_ylabel(f"% of negatives in the dense top {reports[0].depth}")
+    share_axis.set_ylabel(f"% in the dense top {reports[0].depth}")
     share_axis.set_ylim(0, 100)
     margin_axis.plot(x, [r.mean_margin for r in reports], marker="o", color="tab:orange")
-    margin_axis.set_ylabel("mean score margin, positive minus negative")
+    margin_axis.set_ylabel("mean margin, positive minus negative")
+    labels = [_plot_label(r.name) for r in reports]
     for axis in (share_axis, margin_axis):
-        axis.set_xticks(x, [r.name for r in reports], rotation=30, ha="right", fontsize=8)
+        axis.set_xticks(x, labels, rotation=25, ha="right", fontsize=8)
         axis.grid(alpha=0.3)
+    figure.suptitle("training negatives against the model's own dense ranking", fontsize=10)
     return save_png(figure, output, record)
+
+
+def _plot_label(name: str) -> str:
+    """An examples file's name as a tick label: without `.jsonl`, an ANCE version by its folder
+    (`version-000001`), one line per folder."""
+    return name.removesuffix(".jsonl").removesuffix("/examples").replace("/", "/\n")
