@@ -46,7 +46,7 @@ KINDS: dict[str, tuple[str | None, float]] = {
     "bitfit": ("{type: bitfit, name: m}", 1.0e-3),
     "sparse_diff": ("{type: sparse_diff, name: m}", 5.0e-4),
 }
-TRAINABLE = re.compile(r"trainable ([\d,]+) parameters, ([\d.]+)%")
+TRAINABLE = re.compile(r"trainable\s+([\d,]+)\s+parameters,\s+([\d.]+)%")  # the log may wrap lines
 
 
 def recipe_command(kind: str, learning_rate: float, data: Path, out: Path, overrides: list[str]) -> list[str]:
