@@ -65,7 +65,7 @@ def run_measured(command: list[str], log_file: Path) -> tuple[int, int]:
     with log_file.open("a", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
     return process.returncode, usage.ru_maxrss * 1024
 
 
@@ -97,9 +97,7 @@ def measure_kind(kind: str, learning_rate: float, data: Path, runs: Path, overri
         raise SystemExit(f"{kind}: densekit run exited with {status}; see {log_file}")
     found = TRAINABLE.findall(log_file.read_text(encoding="utf-8"))
     trainable, share = (int(found[0][0].replace(",", "")), float(found[0][1])) if found else (None, 100.0)
-    recipe_timings = (
-        json.loads((out / "timings.json").read_text()) if (out / "timings.json").is_file() else {}
-    )
+    timings = out / "timings.json"
     return {
         "kind": kind,
         "learning_rate": learning_rate,
@@ -112,7 +110,7 @@ def measure_kind(kind: str, learning_rate: float, data: Path, runs: Path, overri
         "seconds_per_step_round1": seconds_per_step(out / "round1"),
         "seconds_per_step_round2": seconds_per_step(out / "round2"),
         "wall_s_this_invocation": wall,
-        "recipe_timings_s": recipe_timings,
+        "recipe_timings_s": json.loads(timings.read_text()) if timings.is_file() else {},
     }
 
 
@@ -131,6 +129,20 @@ def to_markdown(rows: list[dict]) -> str:
             f"| {r['peak_memory_gib']:.1f} GiB | {step:.1f} | {step / unit if unit else float('nan'):.2f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def measured_rows(output: Path, data: Path, overrides: list[str]) -> list[dict]:
+    """The rows an earlier invocation wrote to `output`, when it measured the same collection with the
+    same overrides; rows of another collection or settings are never taken as this run's."""
+    if not output.is_file():
+        return []
+    earlier = json.loads(output.read_text())
+    if (earlier.get("data"), earlier.get("overrides")) != (str(data), overrides):
+        raise SystemExit(
+            f"error: {output} holds rows measured on {earlier.get('data')} with overrides "
+            f"{earlier.get('overrides')}, not {data} with {overrides}: give another --output"
+        )
+    return earlier["rows"]
 
 
 def parse_kind(text: str) -> tuple[str, float]:
@@ -159,14 +171,15 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    done = json.loads(args.output.read_text())["rows"] if args.output.is_file() else []
+    data = args.data.resolve()
+    done = measured_rows(args.output, data, args.set)
     for kind, learning_rate in args.kinds:
         if any(r["kind"] == kind and r["learning_rate"] == learning_rate for r in done):
             print(f"{kind} at {learning_rate:g}: already measured in {args.output}")
             continue
         print(f"{kind} at {learning_rate:g}: running in {args.runs}", flush=True)
-        done.append(measure_kind(kind, learning_rate, args.data.resolve(), args.runs, args.set))
-        result = {"benchmark": "module_kinds", "data": str(args.data), "overrides": args.set,
+        done.append(measure_kind(kind, learning_rate, data, args.runs, args.set))
+        result = {"benchmark": "module_kinds", "data": str(data), "overrides": args.set,
                   "note": args.note, "rows": done, "machine": machine_info()}  # fmt: skip
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -4,7 +4,9 @@ check of the benchmark script, kept with it: the package's tests never import be
 import json
 from pathlib import Path
 
-from benchmarks.module_kinds import measure_kind, to_markdown
+import pytest
+
+from benchmarks.module_kinds import measure_kind, measured_rows, to_markdown
 
 
 def test_a_module_and_the_full_fine_tune_are_measured_from_their_runs(
@@ -28,3 +30,15 @@ def test_a_module_and_the_full_fine_tune_are_measured_from_their_runs(
     before = log.stat().st_mtime_ns
     again = measure_kind("lora", 5e-4, beir_dir, tmp_path / "runs", overrides)
     assert log.stat().st_mtime_ns == before and again["round2_ndcg@10"] == lora["round2_ndcg@10"]
+
+
+def test_rows_of_another_collection_or_settings_are_not_taken_as_measured(tmp_path: Path):
+    output = tmp_path / "module_kinds.json"
+    rows = [{"kind": "lora", "learning_rate": 5e-4}]
+    output.write_text(json.dumps({"data": "/d/scifact", "overrides": ["train.epochs=1"], "rows": rows}))
+    assert measured_rows(output, Path("/d/scifact"), ["train.epochs=1"]) == rows
+    assert measured_rows(tmp_path / "absent.json", Path("/d/scifact"), []) == []
+    with pytest.raises(SystemExit, match=r"measured on /d/scifact .* not /d/nfcorpus"):
+        measured_rows(output, Path("/d/nfcorpus"), ["train.epochs=1"])
+    with pytest.raises(SystemExit, match="give another --output"):
+        measured_rows(output, Path("/d/scifact"), [])
