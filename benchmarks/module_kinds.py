@@ -85,11 +85,17 @@ def ndcg(path: Path) -> float | None:
     return json.loads(path.read_text())["nDCG@10"] if path.is_file() else None
 
 
+def run_log(out: Path) -> Path:
+    """The log file beside a kind's run folder (`lora-lr0.0005` -> `lora-lr0.0005.log`; a suffix
+    would cut the learning rate at its dot, and two rates of one kind would share a log)."""
+    return out.parent / f"{out.name}.log"
+
+
 def measure_kind(kind: str, learning_rate: float, data: Path, runs: Path, overrides: list[str]) -> dict:
     """Run (or resume) `kind`'s recipe at `learning_rate` and read its figures from what the run wrote."""
     out = runs / f"{kind}-lr{learning_rate:g}"
     runs.mkdir(parents=True, exist_ok=True)
-    log_file = out.with_suffix(".log")
+    log_file = run_log(out)
     start = time.perf_counter()
     status, peak = run_measured(recipe_command(kind, learning_rate, data, out, overrides), log_file)
     wall = time.perf_counter() - start

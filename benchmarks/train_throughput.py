@@ -8,7 +8,8 @@ second in the steady state: from the end of the first step (warm-up) to the end 
 the same way for both (each trainer's own step-end timestamps); the ratio is densekit's median over
 sentence-transformers'. densekit also runs with length-grouped batches (`data.length_grouping`), and
 the passage tokens a whole epoch pads to are counted for random and grouped batches (the work saved,
-free of timing noise). Run from the repository root:
+free of timing noise). One last densekit round runs under bf16 autocast (`optim.precision: bf16`),
+a few steps only, since a CPU without bf16 instructions emulates it. Run from the repository root:
 
     .venv/bin/python -m benchmarks.train_throughput --data ../shared/data/scifact --steps 10 --rounds 1
 """
@@ -19,6 +20,7 @@ import argparse
 import json
 import logging
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,8 +47,15 @@ def steady_rate(step_ends: list[float], batch: int) -> float:
 
 
 def densekit_round(
-    data: Path, train_file: Path, steps: int, batch: int, output: Path, length_grouping: int | None = None
+    data: Path,
+    train_file: Path,
+    steps: int,
+    batch: int,
+    output: Path,
+    length_grouping: int | None = None,
+    precision: str = "float32",
 ) -> float:
+    """Queries per second of one densekit training run in its steady state."""
     config = validate_config(
         {
             "model": {"path": MODEL, "query_max_length": 256, "passage_max_length": 256},
@@ -57,7 +66,13 @@ def densekit_round(
                 "length_grouping": length_grouping,
             },
             "loss": {"temperature": 0.05},
-            "optim": {"learning_rate": 2e-5, "max_steps": steps, "batch_size": batch, "warmup_ratio": 0.1},
+            "optim": {
+                "learning_rate": 2e-5,
+                "max_steps": steps,
+                "batch_size": batch,
+                "warmup_ratio": 0.1,
+                "precision": precision,
+            },
             "checkpoint": {"every": 10**6},
             "log_every": 1,
             "device": "cpu",
@@ -73,6 +88,7 @@ def densekit_round(
 def sentence_transformers_round(
     triplets: dict[str, list[str]], steps: int, batch: int, output: Path
 ) -> float:
+    """Queries per second of one sentence-transformers training run in its steady state."""
     from datasets import Dataset as HFDataset
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, losses
     from sentence_transformers.training_args import SentenceTransformerTrainingArguments
@@ -128,6 +144,12 @@ def main() -> None:
         "--length-grouping", type=int, default=8, help="batches per length bucket of the grouped runs"
     )
     parser.add_argument(
+        "--bf16-steps",
+        type=int,
+        default=3,
+        help="steps of one densekit round under bf16 autocast after the float32 rounds (0: none)",
+    )
+    parser.add_argument(
         "--output", type=Path, default=Path(__file__).parent / "results" / "train_throughput.json"
     )
     args = parser.parse_args()
@@ -178,12 +200,20 @@ def main() -> None:
                 f"round {round_index}: densekit {ours[-1]:.2f} queries/s, length-grouped {grouped[-1]:.2f}, "
                 f"sentence-transformers {theirs[-1]:.2f}"
             )
+        bf16 = None
+        if args.bf16_steps > 1:
+            bf16 = densekit_round(
+                args.data, train_file, args.bf16_steps, args.batch_size, Path(tmp) / "dk-bf16",
+                precision="bf16",
+            )  # fmt: skip
+            print(f"densekit bf16 autocast: {bf16:.2f} queries/s")
         passages = [[texts[e.positives[0]], texts[e.negatives[0]]] for e in examples]
         tokens_random = padded_passage_tokens(passages, args.batch_size, None)
         tokens_grouped = padded_passage_tokens(passages, args.batch_size, args.length_grouping)
 
     result = {
         "benchmark": "train_throughput",
+        "command": " ".join(["python -m benchmarks.train_throughput", *sys.argv[1:]]),
         "model": MODEL,
         "steps": args.steps,
         "batch_size": args.batch_size,
@@ -195,6 +225,11 @@ def main() -> None:
         "length_grouping": args.length_grouping,
         "densekit_length_grouped_queries_per_s": [round(x, 3) for x in grouped],
         "length_grouped_ratio_of_medians": round(statistics.median(grouped) / statistics.median(theirs), 3),
+        "bf16_steps": args.bf16_steps,
+        "densekit_bf16_queries_per_s": None if bf16 is None else round(bf16, 3),
+        "bf16_ratio_to_sentence_transformers": None
+        if bf16 is None
+        else round(bf16 / statistics.median(theirs), 3),
         "padded_passage_tokens_per_epoch": {"random": tokens_random, "length_grouped": tokens_grouped},
         "machine": machine_info(),
     }

@@ -117,6 +117,9 @@ def test_unknown_step_type_and_bad_parameters_are_named(tmp_path: Path):
     path.write_text("steps:\n  a:\n    type: index\n    embeddings: x\n    output: y\n    colour: red\n")
     with pytest.raises(DataError, match=r"r.yaml:6: error: steps\.a\.colour: Extra inputs are not permitted"):
         load_recipe(path, tmp_path, [])
+    path.write_text("steps:\n  a:\n    type: table\n    benchmarks: {base: b}\n    output: t.json\n")
+    with pytest.raises(DataError, match=r"r.yaml:5: error: steps\.a\.output: .*t\.json would be both"):
+        load_recipe(path, tmp_path, [])
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.stem)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.module_kinds import measure_kind, measured_rows, to_markdown
+from benchmarks.module_kinds import measure_kind, measured_rows, run_log, to_markdown
 
 
 def test_a_module_and_the_full_fine_tune_are_measured_from_their_runs(
@@ -42,3 +42,9 @@ def test_rows_of_another_collection_or_settings_are_not_taken_as_measured(tmp_pa
         measured_rows(output, Path("/d/nfcorpus"), ["train.epochs=1"])
     with pytest.raises(SystemExit, match="give another --output"):
         measured_rows(output, Path("/d/scifact"), [])
+
+
+def test_each_learning_rate_of_a_kind_has_its_own_log():
+    runs = Path("runs")
+    logs = {run_log(runs / f"lora-lr{rate:g}") for rate in (5e-4, 1e-3, 2e-5)}
+    assert logs == {runs / "lora-lr0.0005.log", runs / "lora-lr0.001.log", runs / "lora-lr2e-05.log"}

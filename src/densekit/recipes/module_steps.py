@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from densekit.data.dataset import Dataset
 from densekit.data.examples import EXAMPLES_KIND, read_examples, write_examples
@@ -155,6 +155,13 @@ class TableStep(Step):
     benchmarks: dict[str, str] = Field(min_length=1, description="row name -> a benchmark folder")
     measure: str = "nDCG@10"
     output: str
+
+    @field_validator("output")
+    @classmethod
+    def _not_the_json(cls, output: str) -> str:
+        if Path(output).suffix == ".json":
+            raise ValueError(f"{output} would be both the Markdown table and its JSON: name a .md file")
+        return output
 
     def inputs(self) -> list[str]:
         return list(self.benchmarks.values())
