@@ -11,9 +11,9 @@ Paths (own batching: texts sorted by token length, longest first, padded per bat
 * ``torch float32``: transformers ``AutoModel`` forward -- the quality reference.
 * ``torch int8 (torch.ao dynamic)``: ``torch.ao.quantization.quantize_dynamic`` on the Linear layers.
 * ``torch bf16 autocast``: ``torch.autocast("cpu", dtype=torch.bfloat16)``.
-* ``densekit torch float32``, ``densekit onnx float32``, ``densekit onnx int8``: densekit's own
-  encoding (``embed_texts``) on each backend (``--backend``/``--precision``), the ONNX ones exported,
-  fused, quantised and checked by ``densekit.encoding.onnx_backend`` (export not timed).
+* ``densekit torch float32``, ``densekit torch bf16``, ``densekit onnx float32``, ``densekit onnx int8``:
+  densekit's own encoding (``embed_texts``) on each backend (``--backend``/``--precision``), the ONNX
+  ones exported, fused, quantised and checked by ``densekit.encoding.onnx_backend`` (export not timed).
 * optionally ``sentence-transformers backend="onnx"``, run in a separate interpreter (it needs optimum,
   which conflicts with transformers 5 in the main environment); its load-time export is not timed.
 
@@ -42,6 +42,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -57,6 +58,7 @@ from densekit.data import Dataset
 ST_DEFAULT = "sentence-transformers default"
 TORCH_FP32 = "torch float32"
 BF16 = "torch bf16 autocast"
+BF16_PATHS = (BF16, "densekit torch bf16")
 TOP_K = 10
 
 Runner = Callable[..., np.ndarray]
@@ -318,7 +320,12 @@ def main() -> None:
     vectors = {name: np.asarray(run(), dtype=np.float32) for name, run in runners.items()}
     reference = vectors[TORCH_FP32]
 
-    for backend, precision in (("torch", "float32"), ("onnx", "float32"), ("onnx", "int8")):
+    for backend, precision in (
+        ("torch", "float32"),
+        ("torch", "bf16"),
+        ("onnx", "float32"),
+        ("onnx", "int8"),
+    ):
         name = f"densekit {backend} {precision}"
         try:
             runners[name] = densekit_runner(path, backend, precision, texts, args)
@@ -364,7 +371,7 @@ def main() -> None:
         for round_index in range(args.rounds):
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
-                if name in errors or (name == BF16 and round_index >= bf16_rounds):
+                if name in errors or (name in BF16_PATHS and round_index >= bf16_rounds):
                     continue
                 try:
                     rates[name].append(len(texts) / timed[name]())
@@ -401,6 +408,7 @@ def main() -> None:
     ]
     result = {
         "benchmark": "cpu_inference_paths",
+        "command": " ".join(["python -m benchmarks.cpu_inference_paths", *sys.argv[1:]]),
         "model": "sentence-transformers/all-MiniLM-L6-v2",
         "passages": len(texts),
         "batch_size": args.batch_size,

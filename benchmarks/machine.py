@@ -19,6 +19,24 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# The instruction sets that decide which inference path pays: int8 needs VNNI and bf16 needs AVX512-BF16
+# or AMX to run faster than float32 (two "AMD EPYC" machines of this project differ in exactly these).
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def _cpu_flags() -> list[str]:
+    """Which of SPEED_FLAGS the CPU lists (Linux's /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    present = set(line.split(":", 1)[1].split())
+                    return [flag for flag in SPEED_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
+
+
 def machine_info() -> dict:
     """CPU, core count, memory, GPU and library versions of this machine."""
     import torch
@@ -41,6 +59,7 @@ def machine_info() -> dict:
     return {
         "date": datetime.date.today().isoformat(),
         "cpu": _cpu_model(),
+        "cpu_flags": _cpu_flags(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_gib": round(memory, 1),

@@ -8,8 +8,9 @@ second in the steady state: from the end of the first step (warm-up) to the end 
 the same way for both (each trainer's own step-end timestamps); the ratio is densekit's median over
 sentence-transformers'. densekit also runs with length-grouped batches (`data.length_grouping`), and
 the passage tokens a whole epoch pads to are counted for random and grouped batches (the work saved,
-free of timing noise). One last densekit round runs under bf16 autocast (`optim.precision: bf16`),
-a few steps only, since a CPU without bf16 instructions emulates it. Run from the repository root:
+free of timing noise). Both trainers also run under bf16 autocast (densekit's `optim.precision: bf16`,
+the trainer's `bf16=True`); `--bf16-rounds 1` times it once, where a CPU without bf16 instructions
+emulates it slowly. Run from the repository root:
 
     .venv/bin/python -m benchmarks.train_throughput --data ../shared/data/scifact --steps 10 --rounds 1
 """
@@ -44,6 +45,11 @@ MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 def steady_rate(step_ends: list[float], batch: int) -> float:
     """Queries per second between the end of the first step and the end of the last."""
     return (len(step_ends) - 1) * batch / (step_ends[-1] - step_ends[0])
+
+
+def ratio(ours: list[float], theirs: list[float]) -> float | None:
+    """The ratio of the medians of two lists of rates (None when either is empty)."""
+    return round(statistics.median(ours) / statistics.median(theirs), 3) if ours and theirs else None
 
 
 def densekit_round(
@@ -86,7 +92,7 @@ def densekit_round(
 
 
 def sentence_transformers_round(
-    triplets: dict[str, list[str]], steps: int, batch: int, output: Path
+    triplets: dict[str, list[str]], steps: int, batch: int, output: Path, bf16: bool = False
 ) -> float:
     """Queries per second of one sentence-transformers training run in its steady state."""
     from datasets import Dataset as HFDataset
@@ -101,7 +107,7 @@ def sentence_transformers_round(
     args = SentenceTransformerTrainingArguments(
         output_dir=str(output), per_device_train_batch_size=batch, learning_rate=2e-5, warmup_ratio=0.1,
         max_steps=steps, save_strategy="no", logging_steps=10**6, report_to="none", seed=42,
-        dataloader_drop_last=True, use_cpu=True,
+        dataloader_drop_last=True, use_cpu=True, bf16=bf16,
     )  # fmt: skip
     step_ends: list[float] = []
 
@@ -144,10 +150,10 @@ def main() -> None:
         "--length-grouping", type=int, default=8, help="batches per length bucket of the grouped runs"
     )
     parser.add_argument(
-        "--bf16-steps",
+        "--bf16-rounds",
         type=int,
-        default=3,
-        help="steps of one densekit round under bf16 autocast after the float32 rounds (0: none)",
+        default=None,
+        help="run both trainers under bf16 autocast too in the first K rounds (default: every round)",
     )
     parser.add_argument(
         "--output", type=Path, default=Path(__file__).parent / "results" / "train_throughput.json"
@@ -157,7 +163,7 @@ def main() -> None:
 
     dataset = Dataset.open(args.data)
     texts = {doc.id: doc.full_text for doc in dataset.iter_corpus()}
-    ours, grouped, theirs = [], [], []
+    ours, grouped, theirs, ours_bf16, theirs_bf16 = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         train_file = Path(tmp) / "train.jsonl"
         mine(
@@ -175,38 +181,35 @@ def main() -> None:
             "positive": [texts[e.positives[0]] for e in examples],
             "negative": [texts[e.negatives[0]] for e in examples],
         }
+        bf16_rounds = args.rounds if args.bf16_rounds is None else args.bf16_rounds
         for round_index in range(args.rounds):
-            theirs.append(
-                sentence_transformers_round(
-                    triplets, args.steps, args.batch_size, Path(tmp) / f"st{round_index}"
-                )
-            )
-            ours.append(
-                densekit_round(
-                    args.data, train_file, args.steps, args.batch_size, Path(tmp) / f"dk{round_index}"
-                )
-            )
+            folder = Path(tmp) / f"round{round_index}"
+            theirs.append(sentence_transformers_round(triplets, args.steps, args.batch_size, folder / "st"))
+            ours.append(densekit_round(args.data, train_file, args.steps, args.batch_size, folder / "dk"))
             grouped.append(
                 densekit_round(
-                    args.data,
-                    train_file,
-                    args.steps,
-                    args.batch_size,
-                    Path(tmp) / f"dkg{round_index}",
+                    args.data, train_file, args.steps, args.batch_size, folder / "dk-grouped",
                     args.length_grouping,
                 )
-            )
-            print(
+            )  # fmt: skip
+            line = (
                 f"round {round_index}: densekit {ours[-1]:.2f} queries/s, length-grouped {grouped[-1]:.2f}, "
                 f"sentence-transformers {theirs[-1]:.2f}"
             )
-        bf16 = None
-        if args.bf16_steps > 1:
-            bf16 = densekit_round(
-                args.data, train_file, args.bf16_steps, args.batch_size, Path(tmp) / "dk-bf16",
-                precision="bf16",
-            )  # fmt: skip
-            print(f"densekit bf16 autocast: {bf16:.2f} queries/s")
+            if round_index < bf16_rounds:
+                theirs_bf16.append(
+                    sentence_transformers_round(
+                        triplets, args.steps, args.batch_size, folder / "st-bf16", bf16=True
+                    )
+                )
+                ours_bf16.append(
+                    densekit_round(
+                        args.data, train_file, args.steps, args.batch_size, folder / "dk-bf16",
+                        precision="bf16",
+                    )
+                )  # fmt: skip
+                line += f"; bf16: densekit {ours_bf16[-1]:.2f}, sentence-transformers {theirs_bf16[-1]:.2f}"
+            print(line, flush=True)
         passages = [[texts[e.positives[0]], texts[e.negatives[0]]] for e in examples]
         tokens_random = padded_passage_tokens(passages, args.batch_size, None)
         tokens_grouped = padded_passage_tokens(passages, args.batch_size, args.length_grouping)
@@ -221,22 +224,22 @@ def main() -> None:
         "max_length": 256,
         "densekit_queries_per_s": [round(x, 3) for x in ours],
         "sentence_transformers_queries_per_s": [round(x, 3) for x in theirs],
-        "ratio_of_medians": round(statistics.median(ours) / statistics.median(theirs), 3),
+        "ratio_of_medians": ratio(ours, theirs),
         "length_grouping": args.length_grouping,
         "densekit_length_grouped_queries_per_s": [round(x, 3) for x in grouped],
-        "length_grouped_ratio_of_medians": round(statistics.median(grouped) / statistics.median(theirs), 3),
-        "bf16_steps": args.bf16_steps,
-        "densekit_bf16_queries_per_s": None if bf16 is None else round(bf16, 3),
-        "bf16_ratio_to_sentence_transformers": None
-        if bf16 is None
-        else round(bf16 / statistics.median(theirs), 3),
+        "length_grouped_ratio_of_medians": ratio(grouped, theirs),
+        "densekit_bf16_queries_per_s": [round(x, 3) for x in ours_bf16],
+        "sentence_transformers_bf16_queries_per_s": [round(x, 3) for x in theirs_bf16],
+        "bf16_ratio_of_medians": ratio(ours_bf16, theirs),
+        "bf16_ratio_to_sentence_transformers_bf16": ratio(ours_bf16, theirs_bf16),
         "padded_passage_tokens_per_epoch": {"random": tokens_random, "length_grouped": tokens_grouped},
         "machine": machine_info(),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("ratio_of_medians", "length_grouped_ratio_of_medians",
-                                             "padded_passage_tokens_per_epoch")}))  # fmt: skip
+    shown = ("ratio_of_medians", "length_grouped_ratio_of_medians", "bf16_ratio_of_medians",
+             "bf16_ratio_to_sentence_transformers_bf16", "padded_passage_tokens_per_epoch")  # fmt: skip
+    print(json.dumps({k: result[k] for k in shown}))
 
 
 if __name__ == "__main__":

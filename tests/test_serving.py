@@ -374,9 +374,23 @@ def test_the_service_answers_through_onnx_runtime_as_torch_does(served, retrieve
         }
 
 
+def test_the_service_encodes_queries_at_the_precision_it_was_given(retriever: Retriever):
+    texts = [q["text"] for q in QUERIES]
+    bf16 = retriever.hits(retriever.encode_queries(texts, precision="bf16"), 8)
+    float32 = retriever.hits(retriever.encode_queries(texts), 8)
+    assert [[h.score for h in hits] for hits in bf16] != [[h.score for h in hits] for hits in float32]
+    with TestClient(create_app(retriever, TOKEN, precision="bf16")) as http:
+        response = http.post("/search", json={"query": texts, "k": 8}, headers=AUTH)
+    assert response.status_code == 200, response.text
+    for served_hits, own in zip(response.json()["results"], bf16, strict=True):
+        assert {h["id"]: h["score"] for h in served_hits} == {
+            h.id: pytest.approx(h.score, abs=1e-6) for h in own
+        }
+
+
 def test_serve_refuses_a_precision_its_backend_lacks(served, capsys):
     _, index, model = served
     code, err, _ = cli(capsys, "serve", model, index, "--backend", "onnx", "--precision", "bf16")
     assert code == 2 and "--backend onnx runs float32 or int8, not bf16" in err
-    code, err, _ = cli(capsys, "serve", model, index, "--precision", "bf16")
-    assert code == 2 and "serve runs torch at float32" in err
+    code, err, _ = cli(capsys, "serve", model, index, "--precision", "fp16", "--device", "cpu")
+    assert code == 2 and "fp16 needs a GPU" in err

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from densekit.cli.options import BackendOpt, DeviceOpt, ModelArg, ModuleOpt
+from densekit.cli.options import BackendOpt, DeviceOpt, ModelArg, ModuleOpt, PrecisionOpt
 
 log = logging.getLogger("densekit")
 API_KEY_VARIABLE = "DENSEKIT_API_KEY"
@@ -73,9 +73,7 @@ def serve(
     ] = None,
     device: DeviceOpt = "auto",
     backend: BackendOpt = "torch",
-    precision: Annotated[
-        str, typer.Option("--precision", help="float32, or int8 with --backend onnx.")
-    ] = "float32",
+    precision: PrecisionOpt = "float32",
     max_batch: Annotated[int, typer.Option(min=1, help="Queries encoded together at most.")] = 64,
     max_wait_ms: Annotated[
         float, typer.Option(min=0, help="How long a query waits for others to share its batch.")
@@ -94,6 +92,7 @@ def serve(
     """
     import uvicorn
 
+    from densekit.encoding.device import autocast
     from densekit.encoding.onnx_backend import use_backend
     from densekit.retrieval.retriever import Retriever
     from densekit.serving.app import Limits, create_app
@@ -115,17 +114,11 @@ def serve(
         encoder.load_module(module_dir)  # shares the base; activated while its retriever is checked
         retrievers.append(Retriever.over(encoder, extra_index, corpus, show_progress=True))
     encoder.activate(retrievers[0].module)
-    if backend != "torch" or precision != "float32":
-        if retrievers[0].route is not None or extra:
-            raise ValueError(
-                f"--backend {backend} --precision {precision} serves one model and its index: not a route "
-                "or --module-index"
-            )
-        if use_backend(encoder, backend, precision, ["query"]) != "float32":
-            raise ValueError(
-                f"--precision {precision}: serve runs torch at float32, or int8 with --backend onnx"
-            )
-    app = create_app(retrievers, api_key, limits, max_batch, max_wait_ms)
+    if backend == "onnx" and (retrievers[0].route is not None or extra):
+        raise ValueError(f"--backend {backend} serves one model and its index: not a route or --module-index")
+    query_precision = use_backend(encoder, backend, precision, ["query"])
+    autocast(encoder.device, query_precision)  # fp16 on a CPU is refused now, not at the first request
+    app = create_app(retrievers, api_key, limits, max_batch, max_wait_ms, query_precision)
     log.info("serving %s over %s on http://%s:%d (token %s)", model, index_dir, host, port,
              "required" if api_key else "not required")  # fmt: skip
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)

@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
+from densekit.encoding.device import Precision
 from densekit.retrieval.retriever import Retriever
 from densekit.serving.batcher import MicroBatcher
 from densekit.serving.page import SEARCH_PAGE
@@ -96,16 +97,18 @@ class _BodyLimit:
 
 
 def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, limits: Limits = Limits(),
-               max_batch: int = 64, max_wait_ms: float = 5.0) -> FastAPI:  # fmt: skip
+               max_batch: int = 64, max_wait_ms: float = 5.0,
+               precision: Precision = "float32") -> FastAPI:  # fmt: skip
     """The service over one retriever, or several sharing one encoder, each with its own module and
-    index (the first answers requests that name no module). With `api_key`, every route but `/health`,
-    the page at `/` and the OpenAPI pages (which hold no data) needs `Authorization: Bearer <api_key>`."""
+    index (the first answers requests that name no module), its queries encoded under `precision`'s
+    autocast. With `api_key`, every route but `/health`, the page at `/` and the OpenAPI pages (which
+    hold no data) needs `Authorization: Bearer <api_key>`."""
     served = [retrievers] if isinstance(retrievers, Retriever) else list(retrievers)
     by_module = {r.module: r for r in served}
     if len(by_module) != len(served):
         raise ValueError("two retrievers of the same module: serve each module once")
     retriever = served[0]
-    batcher = MicroBatcher(max_batch, max_wait_ms)
+    batcher = MicroBatcher(max_batch, max_wait_ms, precision)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -7,6 +7,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
+from densekit.encoding.device import Precision
 from densekit.retrieval.retriever import Hit, Retriever
 
 
@@ -27,10 +28,11 @@ class MicroBatcher:
     The worker is the only one to encode, so retrievers sharing one encoder with different modules
     (`serve --module-index`) are safe: it activates each module before encoding its queries."""
 
-    def __init__(self, max_batch: int = 64, max_wait_ms: float = 5.0):
+    def __init__(self, max_batch: int = 64, max_wait_ms: float = 5.0, precision: Precision = "float32"):
         if max_batch < 1 or max_wait_ms < 0:
             raise ValueError(f"max_batch {max_batch} must be >= 1 and max_wait_ms {max_wait_ms} >= 0")
         self.max_batch = max_batch
+        self.precision = precision
         self.max_wait = max_wait_ms / 1000
         self.batches = 0
         self._queue: asyncio.Queue[_Pending] | None = None
@@ -103,7 +105,9 @@ class MicroBatcher:
             domains = None
             if retriever.route is not None and retriever.route.spec.type == "fixed":
                 domains = [batch[n].domain for n in numbers for _ in batch[n].texts]
-            vectors = retriever.encode_queries(texts, batch_size=max(len(texts), 1), domains=domains)
+            vectors = retriever.encode_queries(
+                texts, batch_size=max(len(texts), 1), precision=self.precision, domains=domains
+            )
             self.batches += 1
             start = 0
             for n in numbers:
