@@ -381,6 +381,7 @@ def test_the_service_encodes_queries_at_the_precision_it_was_given(retriever: Re
     assert [[h.score for h in hits] for hits in bf16] != [[h.score for h in hits] for hits in float32]
     with TestClient(create_app(retriever, TOKEN, precision="bf16")) as http:
         response = http.post("/search", json={"query": texts, "k": 8}, headers=AUTH)
+        assert http.get("/info", headers=AUTH).json()["query_precision"] == "bf16"
     assert response.status_code == 200, response.text
     for served_hits, own in zip(response.json()["results"], bf16, strict=True):
         assert {h["id"]: h["score"] for h in served_hits} == {

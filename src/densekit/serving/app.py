@@ -140,7 +140,7 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     @app.get("/info", dependencies=[Depends(authorised)])
     def info() -> dict:
         """The model, the module and index that answer by default, the other modules served, the
-        documents and the limits."""
+        documents, the precision queries are encoded at and the limits."""
         return {
             "model": retriever.encoder.source,
             "dimension": retriever.encoder.dimension,
@@ -149,6 +149,7 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
             "index": _index_info(retriever),
             "modules": {str(r.module): _index_info(r) for r in served[1:]},
             "documents": len(retriever.documents) if retriever.documents is not None else None,
+            "query_precision": precision,
             "limits": limits.model_dump(),
         }
 
