@@ -3,9 +3,10 @@
 For each of the first --queries test queries of DATA, one at a time as a service would see them:
 dense search (encode the query with MODEL, search INDEX for the top --depth) and reranking those
 documents (scoring --depth pairs with CROSS_ENCODER in batches of --batch-size), each timed with a
-wall clock; sentence-transformers' `CrossEncoder.predict` on the same pairs is the peer. Reports per
-query the medians and the ratio reranking / dense search (ANCE reports about 100x on GPUs). The cost
-of a cross-encoder depends on its size and the pairs' lengths, not on its training.
+wall clock; sentence-transformers' `CrossEncoder.predict` on the same pairs (float32, its default) is
+the peer. With --precision bf16 densekit encodes the query and scores the pairs under bf16 autocast.
+Reports per query the medians and the ratio reranking / dense search (ANCE reports about 100x on
+GPUs). The cost of a cross-encoder depends on its size and the pairs' lengths, not on its training.
 
     python -m benchmarks.rerank_cost --model sentence-transformers/all-MiniLM-L6-v2 \\
         --index runs/bench-minilm/scifact/index --cross-encoder runs/ce-scifact/model \\
@@ -42,6 +43,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--precision", choices=["float32", "bf16"], default="float32")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/rerank_cost.json"))
     args = parser.parse_args()
     from sentence_transformers import CrossEncoder as STCrossEncoder
@@ -57,11 +59,11 @@ def main() -> None:
     rows = []
     for number, (query_id, query) in enumerate(chosen):
         start = time.perf_counter()
-        hits = retriever.search([query], args.depth)[0]
+        hits = retriever.hits(retriever.encode_queries([query], precision=args.precision), args.depth)[0]
         dense = time.perf_counter() - start
         pairs = [(query, texts[hit.id]) for hit in hits]
         start = time.perf_counter()
-        ours = cross_encoder.score(pairs, args.batch_size)
+        ours = cross_encoder.score(pairs, args.batch_size, precision=args.precision)
         rerank = time.perf_counter() - start
         start = time.perf_counter()
         theirs = peer.predict(pairs, batch_size=args.batch_size, activation_fn=torch.nn.Identity())

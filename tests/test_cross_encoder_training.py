@@ -195,6 +195,21 @@ def test_scoring_starts_again_for_another_teacher_and_refuses_what_it_did_not_ma
         score_examples(other, train, dataset, train, 5, 4, False)
 
 
+def test_scoring_at_another_precision_starts_again(collection, teacher: Path, tmp_path: Path):
+    root, train = collection
+    model, dataset, output = CrossEncoder.load(teacher), Dataset.open(root), tmp_path / "scored.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        score_examples(model, train, dataset, output, 5, 4, False,
+                       on_chunk=lambda n: (_ for _ in ()).throw(KeyboardInterrupt()))  # fmt: skip
+    pairs = sum(len(e.positives) + len(e.negatives) for e in read_examples(train))
+    assert score_examples(model, train, dataset, output, 5, 4, False, precision="bf16") == pairs
+    texts = {d.id: d.full_text for d in dataset.iter_corpus()}
+    first = read_examples(output)[0]
+    documents = [*first.positives, *first.negatives]
+    bf16 = model.score([(first.query, texts[d]) for d in documents], precision="bf16")
+    assert list(first.teacher_scores.values()) == pytest.approx(bf16.tolist(), abs=1e-6)
+
+
 def test_distillation_recipe_mines_trains_a_teacher_scores_distils_and_reranks(
     tmp_path: Path, tiny_st_model: Path, collection
 ):

@@ -17,6 +17,7 @@ from densekit.models.cross_encoder import CrossEncoder
 from densekit.retrieval.rerank import merge_reranked, rerank_run
 
 from .conftest import CORPUS, QUERIES
+from .test_outputs import cli
 
 PAIRS = [(QUERIES[0]["text"], CORPUS[0]["text"]), (QUERIES[1]["text"], CORPUS[3]["text"] * 3),
          ("short", "x"), (QUERIES[2]["text"], CORPUS[6]["text"])]  # fmt: skip
@@ -87,3 +88,33 @@ def test_reranking_orders_the_top_by_the_cross_encoders_scores(beir_dir: Path, c
         assert list(documents)[:5] == [top[i] for i in np.argsort(-own, kind="stable")]
         assert list(documents)[5:] == list(first[query])[5:]
         assert [documents[d] for d in top] == pytest.approx(own.tolist(), abs=1e-5)
+
+
+def test_reranking_scores_at_the_precision_it_is_given_and_refuses_fp16_on_a_cpu(
+    beir_dir: Path, cross_encoder: Path, tmp_path: Path, capsys
+):
+    write_run(tmp_path / "first.trec", _first_run(beir_dir))
+    common = [str(tmp_path / "first.trec"), str(beir_dir), "--depth", "5", "--no-progress", "--device", "cpu"]
+    runs = {}
+    for precision in ("float32", "bf16"):
+        output = tmp_path / f"{precision}.trec"
+        args = ["rerank", str(cross_encoder), *common, "-o", str(output), "--precision", precision]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        runs[precision] = read_run(output, Diagnostics())
+    dataset = Dataset.open(beir_dir)
+    queries, _ = dataset.split_queries("test")
+    texts = {d.id: d.full_text for d in dataset.iter_corpus()}
+    model = CrossEncoder.load(cross_encoder)
+    for query, documents in runs["bf16"].items():
+        top = list(_first_run(beir_dir)[query])[:5]
+        pairs = [(queries[query], texts[doc]) for doc in top]
+        bf16, float32 = model.score(pairs, precision="bf16"), model.score(pairs)
+        assert [documents[d] for d in top] == pytest.approx(bf16.tolist(), abs=1e-6)
+        assert [runs["float32"][query][d] for d in top] == pytest.approx(float32.tolist(), abs=1e-6)
+        assert np.abs(bf16 - float32).max() > 1e-6  # bf16 was used: its scores are not float32's
+        assert np.abs(bf16 - float32).max() < 0.05
+    code, err, _ = cli(capsys, "rerank", str(cross_encoder), *common, "-o", str(tmp_path / "f.trec"),
+                       "--precision", "fp16")  # fmt: skip
+    assert code == 2 and "fp16 needs a GPU" in err
+    assert not (tmp_path / "f.trec").exists()

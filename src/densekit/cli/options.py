@@ -31,6 +31,10 @@ PrecisionOpt = Annotated[
         "onnx int8 (dynamic quantisation).",
     ),
 ]
+TorchPrecisionOpt = Annotated[
+    str,
+    typer.Option("--precision", help="float32, or bf16/fp16 mixed precision (fp16 on a GPU only)."),
+]
 BackendOpt = Annotated[
     str,
     typer.Option(

@@ -29,6 +29,7 @@ from densekit.cli.options import (
     QueryPrefixOpt,
     RemoteCodeOpt,
     SplitOpt,
+    TorchPrecisionOpt,
     load_encoder,
     load_route,
 )
@@ -304,6 +305,7 @@ def rerank(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Pairs scored per batch.")] = 32,
     max_length: Annotated[int | None, typer.Option("--max-length", min=8, help="Tokens per pair.")] = None,
     device: DeviceOpt = "auto",
+    precision: TorchPrecisionOpt = "float32",
     trust_remote_code: RemoteCodeOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
@@ -311,16 +313,21 @@ def rerank(
     their order. Equal scores keep the run's order."""
     from densekit.data.trec import read_run
     from densekit.diagnostics import Diagnostics
-    from densekit.encoding.device import resolve_device
+    from densekit.encoding.device import autocast, resolve_device
     from densekit.models.cross_encoder import CrossEncoder
     from densekit.retrieval.rerank import rerank_run
 
     check_file_output(output, RUN_KIND, [run, data_dir, model])
+    target = resolve_device(device)
+    autocast(target, precision)  # type: ignore[arg-type]  # refuses fp16 on a CPU before any work
     dataset = Dataset.open(data_dir)
     queries, _ = dataset.split_queries(split)
     first = read_run(run, Diagnostics())
-    cross_encoder = CrossEncoder.load(model, max_length, trust_remote_code).to(resolve_device(device))
-    reranked = rerank_run(cross_encoder, first, queries, dataset.iter_corpus(), depth, batch_size, progress)
+    cross_encoder = CrossEncoder.load(model, max_length, trust_remote_code).to(target)
+    corpus = dataset.iter_corpus()
+    reranked = rerank_run(
+        cross_encoder, first, queries, corpus, depth, batch_size, progress, precision=precision  # type: ignore[arg-type]
+    )  # fmt: skip
     write_run(output, reranked, tag="rerank", inputs=[run, data_dir, model])
     log.info("wrote %s (%d queries, top %d reranked)", output, len(reranked), depth)
 

@@ -15,6 +15,7 @@ from densekit.cli.options import (
     OverwriteOpt,
     ProgressOpt,
     RemoteCodeOpt,
+    TorchPrecisionOpt,
 )
 
 ResumeOpt = Annotated[
@@ -179,6 +180,7 @@ def score(
     ] = 64,
     max_length: Annotated[int | None, typer.Option("--max-length", min=8, help="Tokens per pair.")] = None,
     device: DeviceOpt = "auto",
+    precision: TorchPrecisionOpt = "float32",
     trust_remote_code: RemoteCodeOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
@@ -187,12 +189,17 @@ def score(
     continues where it stopped when run again with the same arguments.
     """
     from densekit.data.dataset import Dataset
-    from densekit.encoding.device import resolve_device
+    from densekit.encoding.device import autocast, resolve_device
     from densekit.mining.teacher import score_examples
     from densekit.models.cross_encoder import CrossEncoder
 
-    teacher = CrossEncoder.load(model, max_length, trust_remote_code).to(resolve_device(device))
-    score_examples(teacher, examples, Dataset.open(data_dir), output, batch_size, chunk, progress)
+    target = resolve_device(device)
+    autocast(target, precision)  # type: ignore[arg-type]  # refuses fp16 on a CPU before any work
+    teacher = CrossEncoder.load(model, max_length, trust_remote_code).to(target)
+    score_examples(
+        teacher, examples, Dataset.open(data_dir), output, batch_size, chunk, progress,
+        precision=precision,  # type: ignore[arg-type]
+    )  # fmt: skip
 
 
 def pretrain(

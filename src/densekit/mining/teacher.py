@@ -3,9 +3,9 @@ examples, written into their `teacher_scores`, for distillation.
 
 Scoring is resumable. Examples are scored a chunk at a time and each finished chunk is appended to a
 work file beside the output (`.NAME.scoring.jsonl`), whose first line records what the scores are made
-from: the teacher's weights, its length limit, the examples file and the corpus. A rerun with the same
-record continues after the last whole chunk; one with another record starts again. The output is
-written atomically once every example is scored, and the work file is then removed.
+from: the teacher's weights, its length limit and precision, the examples file and the corpus. A rerun
+with the same record continues after the last whole chunk; one with another record starts again. The
+output is written atomically once every example is scored, and the work file is then removed.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 from densekit.data.dataset import Dataset
 from densekit.data.examples import EXAMPLES_KIND, check_example_ids, read_examples, write_examples
 from densekit.diagnostics import Diagnostics
+from densekit.encoding.device import Precision
 from densekit.io.atomic import write_text_atomic
 from densekit.io.fingerprint import file_digest
 from densekit.io.outputs import OutputError, check_file_output
@@ -75,10 +76,12 @@ def score_examples(
     chunk_examples: int = 64,
     show_progress: bool = True,
     on_chunk: Callable[[int], None] | None = None,
+    precision: Precision = "float32",
 ) -> int:
     """Write `examples_path`'s examples to `output` with `teacher_scores` holding the cross-encoder's
     score of the query with each positive and negative (scores the input had are replaced); returns
-    the number of pairs scored by this call. `on_chunk(i)` is called after chunk `i` is saved."""
+    the number of pairs scored by this call, at `precision`. `on_chunk(i)` is called after chunk `i`
+    is saved."""
     examples_path, output = Path(examples_path), Path(output)
     check_file_output(output, EXAMPLES_KIND, [examples_path, dataset.root])
     diagnostics = Diagnostics()
@@ -96,6 +99,7 @@ def score_examples(
         "examples": file_digest(examples_path),
         "corpus": dataset.corpus_digest(),
         "chunk_examples": chunk_examples,
+        "precision": precision,
     }
     work = work_file(output)
     chunks = _finished_chunks(work, identity)
@@ -114,7 +118,7 @@ def score_examples(
                 continue
             part = examples[start : start + chunk_examples]
             pairs = [(e.query, texts[d]) for e in part for d in (*e.positives, *e.negatives)]
-            values = iter(cross_encoder.score(pairs, batch_size, advance).tolist())
+            values = iter(cross_encoder.score(pairs, batch_size, advance, precision).tolist())
             chunk = [{d: next(values) for d in (*e.positives, *e.negatives)} for e in part]
             handle.write(json.dumps({"scores": chunk}) + "\n")
             handle.flush()

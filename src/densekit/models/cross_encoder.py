@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
+from densekit.encoding.device import Precision, autocast
 from densekit.io.artefact import artefact_dir
 from densekit.models.fingerprint import weights_fingerprint
 from densekit.models.hub import resolve_model_path
@@ -76,9 +77,10 @@ class CrossEncoder(torch.nn.Module):
         pairs: list[tuple[str, str]],
         batch_size: int = 32,
         advance: Callable[[int], None] | None = None,
+        precision: Precision = "float32",
     ) -> np.ndarray:
         """Scores of the pairs in their order; batches are drawn longest first, each padded to its own
-        longest pair."""
+        longest pair. `precision` bf16 or fp16 scores under mixed precision (fp16 on a GPU only)."""
         scores = np.empty(len(pairs), dtype=np.float32)
         if not pairs:
             return scores
@@ -88,7 +90,7 @@ class CrossEncoder(torch.nn.Module):
         if was_training:
             self.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast(self.device, precision):
                 for start in range(0, len(order), batch_size):
                     rows = order[start : start + batch_size]
                     batch = self.tokenizer.pad([encoded[i] for i in rows], return_tensors="pt")

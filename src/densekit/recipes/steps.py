@@ -14,7 +14,7 @@ from densekit.data.query_split import split_judged_queries
 from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import encode_corpus
-from densekit.encoding.device import resolve_device
+from densekit.encoding.device import Precision, resolve_device
 from densekit.encoding.onnx_backend import Backend, InferencePrecision, use_backend
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
@@ -247,6 +247,7 @@ class RerankStep(Step):
     output: str
     depth: int = Field(100, ge=1)
     batch_size: int = 32
+    precision: Precision = "float32"
 
     def inputs(self) -> list[str]:
         return [self.model, self.run_file, self.data]
@@ -259,8 +260,9 @@ class RerankStep(Step):
         cross_encoder = CrossEncoder.load(self.model).to(resolve_device(device))
         first = read_run(Path(self.run_file), Diagnostics())
         reranked = rerank_run(
-            cross_encoder, first, queries, dataset.iter_corpus(), self.depth, self.batch_size, show_progress
-        )
+            cross_encoder, first, queries, dataset.iter_corpus(), self.depth, self.batch_size, show_progress,
+            self.precision,
+        )  # fmt: skip
         write_run(Path(self.output), reranked, tag="rerank", inputs=self.inputs())
 
 
@@ -273,6 +275,7 @@ class ScoreStep(Step):
     data: str
     output: str
     batch_size: int = 32
+    precision: Precision = "float32"
 
     def inputs(self) -> list[str]:
         return [self.model, self.examples, self.data]
@@ -281,7 +284,7 @@ class ScoreStep(Step):
         """Add the teacher's scores to the examples."""
         teacher = CrossEncoder.load(self.model).to(resolve_device(device))
         score_examples(teacher, Path(self.examples), Dataset.open(self.data), Path(self.output),
-                       self.batch_size, show_progress=show_progress)  # fmt: skip
+                       self.batch_size, show_progress=show_progress, precision=self.precision)  # fmt: skip
 
 
 class EvaluateStep(Step):

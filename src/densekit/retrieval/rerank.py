@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from densekit.data.records import Document, Run
+from densekit.encoding.device import Precision
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.progress import progress_bar
 
@@ -35,11 +36,12 @@ def rerank_run(
     depth: int = 100,
     batch_size: int = 32,
     show_progress: bool = True,
+    precision: Precision = "float32",
 ) -> Run:
     """The run with each query's top `depth` documents reordered by the cross-encoder's scores (and
     scored by them); the documents below keep their order. Every pair of the run is scored in one
-    length-ordered pass. A query of the run that `queries` lacks, or a document the corpus lacks, is an
-    error."""
+    length-ordered pass, at `precision`. A query of the run that `queries` lacks, or a document the
+    corpus lacks, is an error."""
     if depth < 1:
         raise ValueError(f"depth {depth}: rerank at least the first document")
     missing_queries = [q for q in run if q not in queries]
@@ -57,7 +59,7 @@ def rerank_run(
         )
     pairs = [(queries[q], texts[doc]) for q, order in orders.items() for doc in order[:depth]]
     with progress_bar("reranking", len(pairs), show_progress) as advance:
-        scores = cross_encoder.score(pairs, batch_size, advance).tolist()
+        scores = cross_encoder.score(pairs, batch_size, advance, precision).tolist()
     reranked: Run = {}
     start = 0
     for query, order in orders.items():
