@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from densekit.data import DataError, Diagnostics
-from densekit.data.trec import read_run
+from densekit.data.trec import read_run, write_run
 from densekit.io.outputs import OutputError
 from densekit.recipes import steps as steps_module
 from densekit.recipes.runner import load_recipe, resolve, run_recipe
@@ -249,3 +249,24 @@ def test_a_folder_of_another_recipe_is_refused(beir_dir: Path, tmp_path: Path):
     run_recipe(other, out, device="cpu", show_progress=False, overwrite=True)
     shown = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
     assert shown == ["densekit-artefact.json", "recipe.yaml", "timings.json", "x.trec"]  # bm25.* went
+
+
+def test_a_fuse_step_writes_the_fused_run_and_a_setting_of_the_other_method_is_refused_at_load(
+    tmp_path: Path,
+):
+    first, second = {"q": {"a": 9.0, "b": 5.0, "c": 1.0}}, {"q": {"c": 0.9, "d": 0.7, "a": 0.1}}
+    write_run(tmp_path / "first.trec", first)
+    write_run(tmp_path / "second.trec", second)
+    runs = [str(tmp_path / "first.trec"), str(tmp_path / "second.trec")]
+    recipe = {"steps": {"fuse": {"type": "fuse", "runs": runs, "weights": [1.0, 2.0], "k": 60,
+                                 "output": "{out}/fused.trec"}}}  # fmt: skip
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    run_recipe(path, tmp_path / "out", device="cpu", show_progress=False)
+    fused = read_run(tmp_path / "out" / "fused.trec", Diagnostics())
+    assert fused["q"] == pytest.approx({"a": 1 / 61 + 2 / 63, "b": 1 / 62, "c": 1 / 63 + 2 / 61, "d": 2 / 62})
+    assert list(fused["q"]) == ["c", "a", "d", "b"]
+    with pytest.raises(DataError, match="normalisation is for the linear method"):
+        run_recipe(path, tmp_path / "other", ["steps.fuse.normalisation=zscore"], device="cpu",
+                   show_progress=False)  # fmt: skip
+    assert not (tmp_path / "other").exists()

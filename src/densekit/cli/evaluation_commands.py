@@ -195,14 +195,8 @@ def fuse(
 ) -> None:
     """Fuse runs into one: reciprocal rank fusion (sum of w/(k + rank)) or a weighted sum of scores
     normalised per query (a document a run missed takes that run's lowest normalised score)."""
-    from densekit.evaluation.fusion import linear_fusion, reciprocal_rank_fusion
+    from densekit.evaluation.fusion import fuse_runs
 
-    if method not in ("rrf", "linear"):
-        raise ValueError(f"--method {method}: use rrf or linear")
-    if method == "rrf" and normalisation is not None:
-        raise ValueError("--normalisation is for --method linear; rrf uses ranks, not scores")
-    if method == "linear" and k is not None:
-        raise ValueError("--k is RRF's constant; --method linear has none")
     check_file_output(output, RUN_KIND, runs)
     parsed = None
     if weights is not None:
@@ -211,11 +205,7 @@ def fuse(
         except ValueError:
             raise ValueError(f"--weights {weights}: give numbers separated by commas, e.g. 0.3,0.7") from None
     diagnostics = Diagnostics()
-    loaded = [read_run(path, diagnostics) for path in runs]
-    if method == "rrf":
-        fused = reciprocal_rank_fusion(loaded, 60 if k is None else k, parsed, depth)
-    else:
-        fused = linear_fusion(loaded, parsed, normalisation or "minmax", depth)  # type: ignore[arg-type]
+    fused = fuse_runs([read_run(path, diagnostics) for path in runs], method, parsed, k, normalisation, depth)
     write_run(output, fused, tag=method, inputs=runs)
     log.info("wrote %s (%d queries)", output, len(fused))
 

@@ -90,3 +90,29 @@ def linear_fusion(
             depth,
         )  # fmt: skip
     return fused
+
+
+def check_fusion_settings(method: str, k: int | None, normalisation: str | None) -> None:
+    """Refuse an unknown method, or a setting of the other method (it would be silently ignored)."""
+    if method not in ("rrf", "linear"):
+        raise ValueError(f"method {method}: use rrf or linear")
+    if method == "rrf" and normalisation is not None:
+        raise ValueError("normalisation is for the linear method; rrf uses ranks, not scores")
+    if method == "linear" and k is not None:
+        raise ValueError("k is RRF's rank constant; the linear method has none")
+
+
+def fuse_runs(
+    runs: Sequence[Run],
+    method: str = "rrf",
+    weights: Sequence[float] | None = None,
+    k: int | None = None,
+    normalisation: str | None = None,
+    depth: int = 1000,
+) -> Run:
+    """`runs` fused by `method`: rrf (rank constant `k`, 60 by default) or linear (`normalisation`,
+    minmax by default); a setting of the other method is refused rather than ignored."""
+    check_fusion_settings(method, k, normalisation)
+    if method == "rrf":
+        return reciprocal_rank_fusion(runs, 60 if k is None else k, weights, depth)
+    return linear_fusion(runs, weights, normalisation or "minmax", depth)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 A recipe is YAML: free sections of values (`data`, `model`, ...) that strings refer to as
 `{data.path}` (and `{out}`, the output folder), and `steps`, an ordered mapping of named steps, each
-with a `type` (mine, train, train_cross_encoder, score, encode, index, search, bm25, rerank,
+with a `type` (mine, train, train_cross_encoder, score, encode, index, search, bm25, rerank, fuse,
 evaluate; merge_examples, route, average, generate, benchmark, table) and its parameters. Any value can be
 overridden as `dotted.key=value` (`data.path=/some/beir/folder`, `steps.round1.config.optim.epochs=2`).
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from densekit.configuration import dump_config, validate_config
 from densekit.data.dataset import Dataset
@@ -18,6 +18,7 @@ from densekit.encoding.device import Precision, resolve_device
 from densekit.encoding.onnx_backend import Backend, InferencePrecision, use_backend
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
+from densekit.evaluation.fusion import check_fusion_settings, fuse_runs
 from densekit.fine_tuning import run_cross_encoder_training, run_training
 from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.io.outputs import check_file_output, write_output_text
@@ -266,6 +267,35 @@ class RerankStep(Step):
         write_run(Path(self.output), reranked, tag="rerank", inputs=self.inputs())
 
 
+class FuseStep(Step):
+    """`densekit fuse`."""
+
+    type: Literal["fuse"]
+    runs: list[str] = Field(min_length=2)
+    output: str
+    method: Literal["rrf", "linear"] = "rrf"
+    weights: list[float] | None = None
+    k: int | None = Field(None, ge=0)
+    normalisation: Literal["minmax", "zscore"] | None = None
+    depth: int = Field(1000, ge=1)
+
+    @model_validator(mode="after")
+    def _settings_of_its_method(self) -> FuseStep:
+        check_fusion_settings(self.method, self.k, self.normalisation)
+        return self
+
+    def inputs(self) -> list[str]:
+        return list(self.runs)
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
+        """Fuse the runs and write the fused run."""
+        check_file_output(self.output, RUN_KIND, self.inputs())
+        diagnostics = Diagnostics()
+        runs = [read_run(Path(path), diagnostics) for path in self.runs]
+        fused = fuse_runs(runs, self.method, self.weights, self.k, self.normalisation, self.depth)
+        write_run(Path(self.output), fused, tag=self.method, inputs=self.inputs())
+
+
 class ScoreStep(Step):
     """`densekit score`; resumes by itself."""
 
@@ -311,7 +341,8 @@ class EvaluateStep(Step):
 STEP_TYPES: dict[str, type[Step]] = {
     "mine": MineStep, "pretrain": PretrainStep, "train": TrainStep, "encode": EncodeStep, "index": IndexStep,
     "search": SearchStep, "bm25": BM25Step, "evaluate": EvaluateStep, "rerank": RerankStep,
-    "train_cross_encoder": TrainCrossEncoderStep, "score": ScoreStep, "split_queries": SplitQueriesStep,
+    "train_cross_encoder": TrainCrossEncoderStep, "score": ScoreStep, "fuse": FuseStep,
+    "split_queries": SplitQueriesStep,
 }  # fmt: skip
 
 
