@@ -195,8 +195,9 @@ def fuse(
 ) -> None:
     """Fuse runs into one: reciprocal rank fusion (sum of w/(k + rank)) or a weighted sum of scores
     normalised per query (a document a run missed takes that run's lowest normalised score)."""
-    from densekit.evaluation.fusion import fuse_runs
+    from densekit.evaluation.fusion import check_fusion_settings, fuse_runs
 
+    check_fusion_settings(method, k, normalisation)  # before reading any run
     check_file_output(output, RUN_KIND, runs)
     parsed = None
     if weights is not None:
