@@ -12,7 +12,7 @@ from densekit.data import DataError, Diagnostics
 from densekit.data.trec import read_run, write_run
 from densekit.io.outputs import OutputError
 from densekit.recipes import steps as steps_module
-from densekit.recipes.runner import load_recipe, resolve, run_recipe
+from densekit.recipes.runner import check_steps_device, load_recipe, resolve, run_recipe
 
 from .training_fixtures import write_training_collection
 
@@ -161,6 +161,36 @@ def test_a_train_steps_config_is_checked_before_anything_runs(tmp_path: Path):
         f"{path}:{line}: error: steps.train.config.optim.batchsize: Extra inputs are not permitted",
         "command-line override steps.train.config.optim.lr=1: Extra inputs are not permitted",
     ]
+
+
+def test_a_step_the_device_cannot_run_is_refused_before_any_step_runs(beir_dir: Path, tmp_path: Path):
+    path = tmp_path / "r.yaml"
+    recipe = {"steps": {
+        "first": {"type": "bm25", "data": str(beir_dir), "output": "{out}/bm25.trec"},
+        "train": {"type": "train", "output": "{out}/ft", "config": {"data": {"path": "/d", "train": "/t"},
+                                                                   "optim": {"precision": "fp16"}}},
+        "rerank": {"type": "rerank", "model": "/m", "run": "{out}/bm25.trec", "data": str(beir_dir),
+                   "output": "{out}/reranked.trec", "precision": "fp16"},
+        "search": {"type": "search", "model": "/m", "index": "/i", "data": str(beir_dir),
+                   "output": "{out}/dense.trec", "precision": "int8"},
+    }}  # fmt: skip
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    with pytest.raises(DataError) as raised:
+        run_recipe(path, tmp_path / "out", device="cpu", show_progress=False)
+    lines = {name: n for n, text in enumerate(path.read_text().splitlines(), 1)
+             for name in recipe["steps"] if text == f"  {name}:"}  # fmt: skip
+    assert str(raised.value).splitlines() == [
+        f"{path}:{lines['train']}: error: steps.train: fp16 needs a GPU; use bf16 or float32 on the CPU",
+        f"{path}:{lines['rerank']}: error: steps.rerank: fp16 needs a GPU; use bf16 or float32 on the CPU",
+        f"{path}:{lines['search']}: error: steps.search: --precision int8 runs through ONNX Runtime: add "
+        "--backend onnx",
+    ]
+    assert not (tmp_path / "out").exists()
+    del recipe["steps"]["search"]
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    overrides = ["steps.train.config.optim.precision=bf16", "steps.rerank.precision=bf16"]
+    _, steps = load_recipe(path, tmp_path / "out", overrides)
+    check_steps_device(path, steps, "cpu")  # bf16 runs on a CPU: nothing left to refuse
 
 
 def bm25_recipe(path: Path, data: Path) -> Path:

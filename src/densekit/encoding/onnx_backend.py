@@ -47,14 +47,11 @@ class ExportError(RuntimeError):
     """An encoder that could not be exported, or whose export disagrees with PyTorch."""
 
 
-def use_backend(
-    encoder: DenseEncoder, backend: str, precision: str, kinds: Iterable[TextKind] = ("query", "passage")
-) -> Precision:
-    """Make `encoder` encode `kinds` texts through `backend` (torch or onnx) at `precision`, and return
-    the precision torch's autocast is then to use: `precision` itself with torch, float32 with onnx
-    (whose export carries its own)."""
+def torch_precision(backend: str, precision: str) -> Precision:
+    """The precision torch's autocast is to use for `precision` through `backend`: `precision` itself
+    with torch, float32 with onnx (whose export carries its own); a pair that does not go together is
+    refused."""
     if backend == "torch":
-        encoder.runtime = None
         if precision == "int8":
             raise ValueError("--precision int8 runs through ONNX Runtime: add --backend onnx")
         if precision not in ("float32", "bf16", "fp16"):
@@ -62,8 +59,17 @@ def use_backend(
         return precision  # type: ignore[return-value]
     if backend != "onnx":
         raise ValueError(f"--backend {backend}: expected torch or onnx")
-    encoder.runtime = export_encoder(encoder, precision, kinds)
     return "float32"
+
+
+def use_backend(
+    encoder: DenseEncoder, backend: str, precision: str, kinds: Iterable[TextKind] = ("query", "passage")
+) -> Precision:
+    """Make `encoder` encode `kinds` texts through `backend` (torch or onnx) at `precision`, and return
+    `torch_precision(backend, precision)`."""
+    autocast_precision = torch_precision(backend, precision)
+    encoder.runtime = export_encoder(encoder, precision, kinds) if backend == "onnx" else None
+    return autocast_precision
 
 
 def inference_record(encoder: DenseEncoder, precision: str = "float32") -> dict[str, str] | None:

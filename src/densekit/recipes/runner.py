@@ -37,6 +37,7 @@ from densekit.configuration import (
 )
 from densekit.data.dataset import input_fingerprint
 from densekit.diagnostics import DataError, Problem
+from densekit.encoding.device import resolve_device
 from densekit.io.artefact import read_manifest, write_folder_manifest
 from densekit.io.atomic import write_text_atomic
 from densekit.io.outputs import claim_folder
@@ -186,6 +187,19 @@ def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[st
     return tree, steps
 
 
+def check_steps_device(path: Path, steps: dict[str, Step], device: str) -> None:
+    """Refuse, before any step runs, a recipe with a step that `device` cannot run (fp16 on a CPU)."""
+    target, lines = resolve_device(device), key_lines(path)
+    problems = []
+    for name, step in steps.items():
+        try:
+            step.check_device(target)
+        except ValueError as err:
+            problems.append(Problem(Path(path), lines.get(("steps", name)), f"steps.{name}: {err}"))
+    if problems:
+        raise DataError(problems)
+
+
 def step_record(step: Step) -> dict[str, Any]:
     """What a step's markers record: its resolved parameters and the digests of its inputs."""
     inputs = {path: input_fingerprint(resolve_model_path(path)) for path in step.inputs()}
@@ -225,6 +239,7 @@ def run_recipe(
         )
     output = Path(output)
     _, steps = load_recipe(path, output, overrides or [])
+    check_steps_device(path, steps, device)
     identity = {"steps": {name: step.type for name, step in steps.items()}}  # type: ignore[attr-defined]
     _take_appended_steps(output, identity)
     if claim_folder(output, KIND, identity, [path], overwrite, RECIPE_ENTRIES) == "new":

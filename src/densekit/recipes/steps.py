@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from densekit.configuration import dump_config, validate_config
@@ -14,8 +15,8 @@ from densekit.data.query_split import split_judged_queries
 from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import encode_corpus
-from densekit.encoding.device import Precision, resolve_device
-from densekit.encoding.onnx_backend import Backend, InferencePrecision, use_backend
+from densekit.encoding.device import Precision, autocast, resolve_device
+from densekit.encoding.onnx_backend import Backend, InferencePrecision, torch_precision, use_backend
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
 from densekit.evaluation.fusion import check_fusion_settings, fuse_runs
@@ -48,6 +49,9 @@ class Step(BaseModel):
     def inputs(self) -> list[str]:
         """The paths (or hub ids) the step reads; their content is part of its completion marker."""
         return []
+
+    def check_device(self, device: torch.device) -> None:
+        """Refuse settings `device` cannot run (fp16 on a CPU), before any step of the recipe runs."""
 
 
 class MineStep(Step):
@@ -108,6 +112,9 @@ class TrainerStep(Step):
     def inputs(self) -> list[str]:
         return list(self.validated().input_paths().values())
 
+    def check_device(self, device: torch.device) -> None:
+        autocast(device, self.validated().optim.precision)
+
 
 class TrainStep(TrainerStep):
     """`densekit train`."""
@@ -156,6 +163,9 @@ class EncodeStep(Step):
     def inputs(self) -> list[str]:
         return [self.model, self.data]
 
+    def check_device(self, device: torch.device) -> None:
+        autocast(device, torch_precision(self.backend, self.precision))
+
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Encode the corpus."""
         encoder = DenseEncoder.load(self.model).to(resolve_device(device))
@@ -198,6 +208,9 @@ class SearchStep(Step):
 
     def inputs(self) -> list[str]:
         return [self.model, self.index, self.data]
+
+    def check_device(self, device: torch.device) -> None:
+        autocast(device, torch_precision(self.backend, self.precision))
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Search the split's queries and write the run."""
@@ -252,6 +265,9 @@ class RerankStep(Step):
 
     def inputs(self) -> list[str]:
         return [self.model, self.run_file, self.data]
+
+    def check_device(self, device: torch.device) -> None:
+        autocast(device, self.precision)
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Rerank the run's top documents and write the new run."""
@@ -309,6 +325,9 @@ class ScoreStep(Step):
 
     def inputs(self) -> list[str]:
         return [self.model, self.examples, self.data]
+
+    def check_device(self, device: torch.device) -> None:
+        autocast(device, self.precision)
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Add the teacher's scores to the examples."""
