@@ -52,12 +52,14 @@ KINDS = {
 }
 QUERY_ONLY = {"query-lora": {"type": "lora", "rank": 4, "towers": "query"},
               "query-adapter": {"type": "adapter", "bottleneck": 8, "towers": "query"}}  # fmt: skip
+# a variant only merging tests: densekit's own kind folded into each of two towers
+SEPARATE_BITFIT = {"separate-bitfit": {"type": "bitfit", "towers": "separate"}}
 # kinds whose added output is zero until trained (prefix and prompt tuning add inputs instead)
 ZERO_AT_START = ["lora", "ia3", "adapter", "parallel-adapter", "bitfit", "sparse-diff", "separate-lora"]
 
 
 def spec_of(kind: str, name: str | None = None):
-    return SPEC.validate_python({**{**KINDS, **QUERY_ONLY}[kind], "name": name or kind})
+    return SPEC.validate_python({**{**KINDS, **QUERY_ONLY, **SEPARATE_BITFIT}[kind], "name": name or kind})
 
 
 def embeddings(encoder: DenseEncoder, kind: str = "passage") -> np.ndarray:
@@ -201,10 +203,10 @@ def test_a_module_whose_files_changed_is_refused(encoder: DenseEncoder, tmp_path
         DenseEncoder.load(tmp_path / "module")
 
 
-def test_merged_lora_and_ia3_equal_the_unmerged_module(encoder: DenseEncoder, tmp_path: Path):
+def test_merged_modules_equal_the_unmerged_module(encoder: DenseEncoder, tmp_path: Path):
     from sentence_transformers import SentenceTransformer
 
-    for kind in ["lora", "ia3", "separate-lora"]:
+    for kind in ["lora", "ia3", "separate-lora", "bitfit", "sparse-diff", "separate-bitfit"]:
         put_module(encoder, kind)
         live = embeddings(encoder)
         merged = merged_encoder(encoder)
@@ -219,7 +221,7 @@ def test_merged_lora_and_ia3_equal_the_unmerged_module(encoder: DenseEncoder, tm
     theirs = SentenceTransformer(str(tmp_path / "full"), device="cpu").encode(TEXTS, convert_to_numpy=True)
     assert np.abs(theirs - embeddings(encoder)).max() < 1e-5
     encoder.activate("adapter") if "adapter" in encoder.attached else put_module(encoder, "adapter")
-    with pytest.raises(ValueError, match=r"only lora and ia3 fold"):
+    with pytest.raises(ValueError, match=r"only lora, ia3, bitfit, sparse_diff fold"):
         merged_encoder(encoder)
 
 

@@ -23,8 +23,8 @@ def merge(
     output: Annotated[Path, typer.Option("--output", "-o", help="The full model folder to write.")],
     overwrite: OverwriteOpt = False,
 ) -> None:
-    """Fold a LoRA or IA3 module into its base: a full model folder that transformers and
-    sentence-transformers load, with the module's embeddings."""
+    """Fold a LoRA, IA3, BitFit or sparse-difference module into its base: a full model folder that
+    transformers and sentence-transformers load, with the module's embeddings."""
     from densekit.io.outputs import claim_folder
     from densekit.models.encoder import MODEL_KIND, DenseEncoder
     from densekit.models.modules.merge import merged_encoder

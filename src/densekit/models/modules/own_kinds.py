@@ -7,6 +7,7 @@ biases or weights, the delta zero at the start. The base's tensors are never wri
 
 from __future__ import annotations
 
+import copy
 import re
 
 import torch
@@ -143,3 +144,15 @@ def choose_sparse_indices(scores: dict[str, torch.Tensor], density: float) -> di
         count = max(1, round(density * score.numel()))
         chosen[name] = torch.topk(score.flatten(), count).indices.sort().values.cpu()
     return chosen
+
+
+def folded_backbone(tower: Tower, base: PreTrainedModel) -> torch.nn.Module:
+    """A standalone copy of `base` with the BitFit or sparse difference of `tower` (built on it) added
+    into its tensors; the tower and the base are left as they are."""
+    model = copy.deepcopy(base)
+    with torch.no_grad():
+        for name, module in tower.model.named_modules():
+            if parametrize.is_parametrized(module):
+                for tensor in module.parametrizations:
+                    getattr(model.get_submodule(name), tensor).copy_(getattr(module, tensor))
+    return model

@@ -108,4 +108,4 @@ ModuleSpec = Annotated[
     Field(discriminator="type"),
 ]
 PEFT_TYPES = ("lora", "ia3", "prefix", "prompt")
-MERGEABLE_TYPES = ("lora", "ia3")
+MERGEABLE_TYPES = ("lora", "ia3", "bitfit", "sparse_diff")
