@@ -113,7 +113,8 @@ class TrainerStep(Step):
         return list(self.validated().input_paths().values())
 
     def check_device(self, device: torch.device) -> None:
-        autocast(device, self.validated().optim.precision)
+        config = self.validated(str(device))  # a `device` of the step's own config wins, as in `run`
+        autocast(resolve_device(config.device), config.optim.precision)
 
 
 class TrainStep(TrainerStep):
