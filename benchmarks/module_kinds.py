@@ -121,7 +121,8 @@ def measure_kind(kind: str, learning_rate: float, data: Path, runs: Path, overri
 
 
 def to_markdown(rows: list[dict]) -> str:
-    """One table row per kind, with the full fine-tune's seconds per step as the unit where it ran."""
+    """One table row per kind, with the full fine-tune's seconds per step as the unit where it ran (a
+    dash where it did not)."""
     full = next((r for r in rows if r["kind"] == "full"), None)
     unit = full["seconds_per_step_round1"] if full else None
     lines = ["| kind | lr | round 1 | round 2 | trainable (share) | on disk | peak memory | s/step "
@@ -132,7 +133,7 @@ def to_markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['kind']} | {r['learning_rate']:g} | {r['round1_ndcg@10']:.4f} | {r['round2_ndcg@10']:.4f} "
             f"| {trainable} ({r['trainable_percent']:.2f}%) | {r['model_on_disk_mib']:.2f} MiB "
-            f"| {r['peak_memory_gib']:.1f} GiB | {step:.1f} | {step / unit if unit else float('nan'):.2f} |"
+            f"| {r['peak_memory_gib']:.1f} GiB | {step:.1f} | {f'{step / unit:.2f}' if unit else '—'} |"
         )
     return "\n".join(lines) + "\n"
 

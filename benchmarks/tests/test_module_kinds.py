@@ -25,6 +25,7 @@ def test_a_module_and_the_full_fine_tune_are_measured_from_their_runs(
     assert lora["model_on_disk_mib"] < full["model_on_disk_mib"]
     table = to_markdown([full, lora]).splitlines()
     assert len(table) == 4 and table[2].startswith("| full | 2e-05 |") and table[3].startswith("| lora |")
+    assert table[2].endswith("| 1.00 |") and to_markdown([lora]).splitlines()[2].endswith("| — |")
 
     log = tmp_path / "runs" / "lora-lr0.0005" / "round1" / "train_log.jsonl"
     before = log.stat().st_mtime_ns
