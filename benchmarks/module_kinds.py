@@ -38,6 +38,12 @@ MIB = 2**20
 KINDS: dict[str, tuple[str | None, float]] = {
     "full": (None, 2.0e-5),
     "lora": ("{type: lora, name: m, rank: 16, alpha: 32}", 5.0e-4),
+    # LoRA on every linear layer of a BERT block, the feed-forward's too, at half the rank
+    "lora-all-linear": (
+        "{type: lora, name: m, rank: 8, alpha: 16, target_modules: [query, key, value, "
+        "attention.output.dense, intermediate.dense, output.dense]}",
+        1.0e-3,
+    ),
     "ia3": ("{type: ia3, name: m}", 3.0e-3),
     "prefix": ("{type: prefix, name: m}", 1.0e-2),
     "prompt": ("{type: prompt, name: m}", 3.0e-2),

@@ -24,6 +24,7 @@ from densekit.models.modules.merge import merged_encoder
 from densekit.models.modules.module import ModuleError
 from densekit.models.modules.own_kinds import choose_sparse_indices, sparse_targets
 from densekit.models.modules.specs import ModuleSpec
+from densekit.training.checkpoint import load_state, save_state
 
 from .conftest import tiny_bert
 from .test_training import (
@@ -129,10 +130,14 @@ def test_save_then_load_gives_the_same_embeddings_and_the_base_stays_bit_identic
     encoder.save(tmp_path / "module")
     loaded = DenseEncoder.load(tmp_path / "module").eval()
     assert loaded.active == kind
+    assert loaded.module.fingerprint() == encoder.module.fingerprint()
     assert np.array_equal(embeddings(loaded), live)
     assert np.array_equal(embeddings(loaded, "query"), embeddings(encoder, "query"))
     size = sum(p.stat().st_size for p in (tmp_path / "module").rglob("*") if p.is_file())
     assert size < 200_000  # the module alone, not the base (about 300 kB here)
+    if kind == "sparse-diff":  # positions in 32 bits: a third of the folder saved
+        saved = safetensors.torch.load_file(str(tmp_path / "module" / "module.safetensors"))
+        assert {t.dtype for name, t in saved.items() if name.endswith("indices")} == {torch.int32}
     state = encoder.query_backbone.state_dict()
     assert all(torch.equal(state[k], base_state[k]) for k in base_state)
     encoder.activate(None)
@@ -313,12 +318,43 @@ def test_a_killed_module_run_resumes_to_the_same_module(
     straight = DenseEncoder.load(tmp_path / "straight" / "model")
     resumed = DenseEncoder.load(tmp_path / "resumed" / "model")
     assert straight.fingerprint() == resumed.fingerprint()
+    saved = safetensors.torch.load_file(
+        str(tmp_path / "resumed" / "checkpoints" / "step-00000003" / "state.safetensors")
+    )
+    base_names = safetensors.torch.load_file(str(tiny_model / "model.safetensors")).keys()
+    assert saved and not any(key.endswith(name) for key in saved for name in base_names)
     assert (
         straight.module.fingerprint()
         != DenseEncoder.load(
             tmp_path / "straight" / "checkpoints" / "step-00000003" / "model"
         ).module.fingerprint()
     )
+
+
+def test_a_module_run_resumes_only_on_the_base_it_started_from(collection, tmp_path: Path, monkeypatch):
+    base = tiny_bert(tmp_path / "base")
+    config = module_config(collection, base, "lora", optim={"learning_rate": 1e-2})
+    killed_at_step_five(monkeypatch, config, tmp_path / "run")
+    tiny_bert(tmp_path / "base", seed=1)
+    with pytest.raises(ValueError, match=r"differs in: inputs\.model\.path"):
+        run_training(config, tmp_path / "run", resume=True, show_progress=False)
+
+
+def test_a_checkpoint_of_a_frozen_base_holds_the_rest_and_loads_only_on_that_base(tmp_path: Path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model[0].requires_grad_(False)
+    save_state(model, tmp_path / "state.safetensors")
+    assert set(safetensors.torch.load_file(str(tmp_path / "state.safetensors"))) == {"1.weight", "1.bias"}
+    trained = {k: t.clone() for k, t in model.state_dict().items()}
+    with torch.no_grad():
+        model[1].weight.add_(1.0)
+    load_state(model, tmp_path / "state.safetensors", torch.device("cpu"))
+    assert all(torch.equal(t, trained[k]) for k, t in model.state_dict().items())
+    with torch.no_grad():
+        model[0].weight.add_(1e-3)
+    with pytest.raises(ValueError, match="other frozen weights"):
+        load_state(model, tmp_path / "state.safetensors", torch.device("cpu"))
 
 
 def test_a_module_folder_continues_training_only_as_the_same_module(

@@ -2,7 +2,9 @@
 
 A checkpoint is a folder `step-<n>` written atomically:
 
-- `state.safetensors`: the trained module's tensors (heads and all, for resuming);
+- `state.safetensors`: the trained module's tensors (heads and all, for resuming); when some of its
+  parameters are frozen (a module on a frozen base), only the others, with a fingerprint of the frozen
+  ones that resuming checks, so that a module run's checkpoint is module-sized;
 - `optimizer.safetensors` + `trainer_state.json`: optimizer moments, hyper-parameters, scheduler,
   fp16's loss scaler, step, best evaluation;
 - `rng.safetensors`: the CPU and GPU random states (dropout's), so a resumed run draws the same;
@@ -23,9 +25,11 @@ import safetensors.torch
 import torch
 
 from densekit.io.artefact import artefact_dir, verify
+from densekit.models.fingerprint import tensors_fingerprint
 
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
 KIND = "checkpoint"
+FROZEN_FINGERPRINT = "densekit.frozen"  # state.safetensors metadata: the frozen tensors' fingerprint
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -81,7 +85,7 @@ def save_checkpoint(
 ) -> None:
     """Write a checkpoint folder atomically; `export(path)` writes the usable model."""
     with artefact_dir(folder, KIND, {"step": trainer_state["step"]}) as tmp:
-        safetensors.torch.save_model(module, str(tmp / "state.safetensors"))
+        save_state(module, tmp / "state.safetensors")
         tensors, rest = optimizer_tensors(optimizer)
         safetensors.torch.save_file(tensors, str(tmp / "optimizer.safetensors"))
         safetensors.torch.save_file(random_states(device), str(tmp / "rng.safetensors"))
@@ -104,13 +108,7 @@ def load_checkpoint(
     """Check a checkpoint's files and restore it into the given objects; returns the trainer state
     (step, best, ...)."""
     verify(folder)
-    missing, unexpected = safetensors.torch.load_model(
-        module, str(folder / "state.safetensors"), device=str(device)
-    )
-    if missing or unexpected:
-        raise ValueError(
-            f"{folder}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})"
-        )
+    load_state(module, folder / "state.safetensors", device)
     payload = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
     tensors = safetensors.torch.load_file(str(folder / "optimizer.safetensors"), device=str(device))
     restore_optimizer(optimizer, tensors, payload.pop("optimizer"))
@@ -122,6 +120,57 @@ def load_checkpoint(
         scaler.load_state_dict(scaler_state)
     restore_random_states(safetensors.torch.load_file(str(folder / "rng.safetensors")), device)
     return payload
+
+
+def _frozen(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state entries of `module` that are frozen parameters, by name in sorted order."""
+    frozen = {id(p) for p in module.parameters() if not p.requires_grad}
+    state = module.state_dict(keep_vars=True)
+    return {key: state[key].detach() for key in sorted(state) if id(state[key]) in frozen}
+
+
+def save_state(module: torch.nn.Module, path: Path) -> None:
+    """Write `module`'s tensors for resuming: all of them, or, when some parameters are frozen, every
+    other tensor once (tied ones under their first name) and the frozen ones' fingerprint."""
+    frozen = _frozen(module)
+    if not frozen:
+        safetensors.torch.save_model(module, str(path))
+        return
+    kept: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        if key not in frozen and id(tensor) not in seen:
+            seen.add(id(tensor))
+            kept[key] = tensor.detach().contiguous()
+    metadata = {FROZEN_FINGERPRINT: tensors_fingerprint(frozen, "")}
+    safetensors.torch.save_file(kept, str(path), metadata=metadata)
+
+
+def load_state(module: torch.nn.Module, path: Path, device: torch.device) -> None:
+    """Restore what `save_state` wrote into `module`; refused when the tensors do not fit it, or when
+    its frozen parameters are not those the checkpoint was trained on."""
+    with safetensors.safe_open(str(path), framework="pt") as saved:
+        frozen_fingerprint = (saved.metadata() or {}).get(FROZEN_FINGERPRINT)
+    if frozen_fingerprint is None:
+        missing, unexpected = safetensors.torch.load_model(module, str(path), device=str(device))
+    else:
+        frozen = _frozen(module)
+        if tensors_fingerprint(frozen, "") != frozen_fingerprint:
+            raise ValueError(
+                f"{path.parent}: the checkpoint was trained on other frozen weights than this model's "
+                "(its base changed since); resume needs the base it started from"
+            )
+        tensors = safetensors.torch.load_file(str(path), device=str(device))
+        state = module.state_dict(keep_vars=True)
+        loaded = {id(state[key]) for key in tensors if key in state}
+        missing = [k for k, t in state.items() if k not in frozen and id(t) not in loaded]
+        unexpected = [key for key in tensors if key not in state or key in frozen]
+        if not (missing or unexpected):
+            module.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path.parent}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})"
+        )
 
 
 def checkpoints(root: Path) -> list[Path]:
