@@ -300,3 +300,13 @@ def test_a_fuse_step_writes_the_fused_run_and_a_setting_of_the_other_method_is_r
         run_recipe(path, tmp_path / "other", ["steps.fuse.normalisation=zscore"], device="cpu",
                    show_progress=False)  # fmt: skip
     assert not (tmp_path / "other").exists()
+
+
+def test_the_distill_recipe_goes_on_training_the_module_of_a_module_run(tmp_path: Path):
+    path = ROOT / "recipes" / "scifact-distill.yaml"
+    _, full = load_recipe(path, tmp_path, ["data.path=/data"])
+    assert full["distil"].config["modules"] is None
+    module = "distil.module={type: lora, name: scifact, rank: 8}"
+    _, steps = load_recipe(path, tmp_path, ["data.path=/data", module, "two_round.out=/runs/lora"])
+    assert steps["distil"].config["modules"] == {"type": "lora", "name": "scifact", "rank": 8}
+    assert steps["distil"].config["model"]["path"] == "/runs/lora/round2/model"
