@@ -87,11 +87,18 @@ def choose_negatives(
     """
     report = MiningReport()
     mined = []
+    identity: dict[str, str] = {}  # each text normalised once: the same passages recur across queries
+
+    def normalised_text(doc_id: str) -> str:
+        if doc_id not in identity:
+            identity[doc_id] = normalised(texts[doc_id])
+        return identity[doc_id]
+
     for index, example in enumerate(examples):
         report.queries += 1
         positives = set(example.positives)
         positive_texts = (
-            {normalised(texts[p]) for p in example.positives} if settings.exclude_identical else set()
+            {normalised_text(p) for p in example.positives} if settings.exclude_identical else set()
         )
         scores = [positive_scores[example.query_id][p] for p in example.positives]
         reference = min(scores) if scores else None
@@ -101,7 +108,7 @@ def choose_negatives(
             report.candidates += 1
             if doc_id in positives:
                 report.removed_positive += 1
-            elif positive_texts and normalised(texts[doc_id]) in positive_texts:
+            elif positive_texts and normalised_text(doc_id) in positive_texts:
                 report.removed_identical_text += 1
             elif reference is not None and _above_margin(score, reference, settings):
                 report.removed_margin += 1
