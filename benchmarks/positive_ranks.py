@@ -19,42 +19,62 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from densekit.data.records import Qrels, Run
 from densekit.data.trec import read_qrels, read_run
 from densekit.diagnostics import Diagnostics
+from densekit.io.atomic import write_text_atomic
 
 
-def positive_ranks(qrels: Qrels, run: Run) -> dict[str, list[int]]:
+class QueryRanks(NamedTuple):
+    """One query's positives' ranks and how deep its run goes."""
+
+    positives: list[int]
+    depth: int
+
+
+def positive_ranks(qrels: Qrels, run: Run) -> dict[str, QueryRanks]:
     """Each judged query's positives' ranks (from 1, by descending score, ties in the run's order; a
-    positive the run lacks ranks one below its last document)."""
+    positive the run lacks ranks one below its last document). Queries the run lacks are left out:
+    `summary` counts them."""
     ranks = {}
     for query, judged in qrels.items():
-        ordered = sorted(run.get(query, {}).items(), key=lambda item: -item[1])
+        if not run.get(query):
+            continue
+        ordered = sorted(run[query].items(), key=lambda item: -item[1])
         ranked = {doc: rank for rank, (doc, _) in enumerate(ordered, start=1)}
-        below = len(ranked) + 1
-        ranks[query] = sorted(ranked.get(doc, below) for doc, grade in judged.items() if grade > 0)
-    return {query: found for query, found in ranks.items() if found}
+        found = sorted(ranked.get(doc, len(ranked) + 1) for doc, grade in judged.items() if grade > 0)
+        if found:
+            ranks[query] = QueryRanks(found, len(ranked))
+    return ranks
 
 
-def chance_positive_above(ranks: dict[str, list[int]], first: int, last: int) -> float:
-    """Mean over queries of P(a random positive ranks above a random non-positive of ranks first..last)."""
+def chance_positive_above(ranks: dict[str, QueryRanks], first: int, last: int) -> float:
+    """Mean over queries of P(a random positive ranks above a random non-positive of ranks first..last),
+    the range cut to each query's run as mining cuts it; NaN when no query has a candidate there."""
     shares = []
-    for positives in ranks.values():
+    for positives, depth in ranks.values():
         taken = set(positives)
-        candidates = np.array([r for r in range(first, last + 1) if r not in taken])
+        candidates = np.array([r for r in range(first, min(last, depth) + 1) if r not in taken])
         if candidates.size:
             shares.append(float(np.mean([(candidates > r).mean() for r in positives])))
-    return float(np.mean(shares))
+    return float(np.mean(shares)) if shares else float("nan")
 
 
-def summary(ranks: dict[str, list[int]], ranges: list[tuple[int, int]]) -> dict:
-    """Percentiles of the positives' ranks, the share within a few depths, and each range's chance."""
-    flat = np.array([r for found in ranks.values() for r in found])
+def summary(qrels: Qrels, run: Run, ranges: list[tuple[int, int]]) -> dict:
+    """Percentiles of the positives' ranks, the share within a few depths, each range's chance, and
+    the judged queries the run lacks."""
+    ranks = positive_ranks(qrels, run)
+    if not ranks:
+        raise ValueError("the run ranks none of the judged queries")
+    flat = np.array([r for found in ranks.values() for r in found.positives])
+    judged = [q for q, grades in qrels.items() if any(g > 0 for g in grades.values())]
     return {
         "queries": len(ranks),
+        "judged_queries_missing_from_the_run": sum(1 for q in judged if not run.get(q)),
         "positives": int(flat.size),
         "rank_percentiles": {str(p): float(np.percentile(flat, p)) for p in (10, 25, 50, 75, 90)},
         "share_within": {str(k): float((flat <= k).mean()) for k in (2, 10, 100, 1000)},
@@ -84,11 +104,11 @@ def main() -> None:
     run = read_run(args.run, diagnostics)
     diagnostics.raise_if_errors()
     result = {"qrels": str(args.qrels), "run": str(args.run)}
-    result |= summary(positive_ranks(qrels, run), args.ranges)
+    result |= summary(qrels, run, args.ranges)
     text = json.dumps(result, indent=2)
     print(text)
     if args.output:
-        args.output.write_text(text + "\n")
+        write_text_atomic(args.output, text + "\n")
 
 
 if __name__ == "__main__":
