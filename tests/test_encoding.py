@@ -157,5 +157,5 @@ def test_a_damaged_or_truncated_part_is_refused_naming_the_file(encoder, beir_di
         EmbeddingStore.open(tmp_path / "emb")
     ids = tmp_path / "emb" / "part-00000-of-00001.ids"
     ids.write_text("\n".join(ids.read_text().splitlines()[:-1]) + "\n")
-    with pytest.raises(DataError, match=r"part-00000-of-00001\.(npy|ids): error: its checksum differs"):
+    with pytest.raises(DataError, match=r"part-00000-of-00001\.ids: error: 7 ids for 8 rows"):
         EmbeddingStore.open(tmp_path / "emb")

@@ -166,8 +166,9 @@ def test_a_truncated_npy_part_is_named_by_its_reader(unit_vectors, tmp_path: Pat
             f"{npy}: error: truncated: {len(data[:keep])} bytes, fewer than the 7808 of 120 x 16 float32 "
             "vectors; encode it again"
         )
-    with pytest.raises(DataError, match=r"its checksum differs from the one saved when it was written"):
+    with pytest.raises(DataError) as err:  # found from the header, before any checksum is computed
         EmbeddingStore.open(tmp_path / "emb")
+    assert str(err.value).startswith(f"{npy}: error: truncated: {len(data[:keep])} bytes, fewer than")
 
 
 @pytest.mark.parametrize("score", ["nan", "inf", "-inf", "NaN"])

@@ -41,6 +41,16 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
             raise DataError([Problem(path, None, "file is empty")])
 
 
+def count_lines(path: Path) -> int:
+    """Count the lines of `path` (a last one without its line ending too), reading it in binary blocks."""
+    count, last = 0, b"\n"
+    with Path(path).open("rb") as handle:
+        while block := handle.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
 def count_nonblank_lines(path: Path) -> int:
     """Count the lines of `path` holding anything but whitespace, reading it in binary blocks."""
     count = 0

@@ -4,7 +4,9 @@ A folder holds the parts of one encoding, `part-<i>-of-<n>` for i in 0..n-1 (one
 corpus was not sharded), and densekit's manifest, whose identity (the model's weights and settings,
 the corpus's digest, the sharding, MaxP) every part repeats. Each part is three files: `.npy` (rows
 in corpus order), `.ids` (one id a line) and `.json` (its rows and the checksums of the other two).
-The `.json` is written last, atomically: a part without one is incomplete and is never read.
+The `.json` is written last, atomically: a part without one is incomplete and is never read. Opening a
+folder checks every part from its headers (float32 vectors of the folder's width, as many as its ids and
+its `.json` say) before any checksum reads a file whole.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from densekit.data.lines import count_lines
 from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import differences, read_manifest
 from densekit.io.atomic import atomic_file, write_text_atomic
 from densekit.io.fingerprint import file_digest
+from densekit.io.npy import read_npy_header
 
 KIND = "embeddings"
 PART_PATTERNS = ("part-*", ".part-*")  # what an embedding folder of densekit's holds
@@ -89,6 +93,31 @@ class EmbeddingPart:
         """The ids of the part's rows, in order."""
         return self.stem.with_suffix(".ids").read_text(encoding="utf-8").splitlines()
 
+    def check_shape(self, dimension: int) -> None:
+        """Check, from the headers alone, that the part's `.npy` holds float32 vectors of `dimension` (the
+        folder's), one for each line of its `.ids`, as many as its `.json` records."""
+        rows = int(self.meta["rows"])
+        if int(self.meta["dimension"]) != dimension:
+            message = f"dimension {self.meta['dimension']}, but the folder's first part has {dimension}"
+            raise DataError([Problem(self.stem.with_suffix(".json"), None, message)])
+        ids, npy = self.stem.with_suffix(".ids"), self.stem.with_suffix(".npy")
+        for path in (ids, npy):
+            if not path.is_file():
+                raise DataError([Problem(path, None, "missing: the embedding part is incomplete")])
+        lines = count_lines(ids)
+        if lines != rows:
+            raise DataError([Problem(ids, None, f"{lines} ids for {rows} rows")])
+        try:
+            header = read_npy_header(npy)
+        except ValueError as err:
+            raise DataError([Problem(npy, None, self._unreadable(npy, err))]) from None
+        if header.dtype != np.float32:
+            message = f"holds {header.dtype} vectors, not float32; encode it again"
+            raise DataError([Problem(npy, None, message)])
+        if header.shape != (rows, dimension):
+            message = f"holds {header.shape} vectors, not the {rows} x {dimension} recorded"
+            raise DataError([Problem(npy, None, message)])
+
     def verify(self) -> None:
         """Check the part's files against the checksums saved when it was written."""
         for suffix, expected in self.meta.get("checksums", {}).items():
@@ -145,7 +174,8 @@ class EmbeddingStore:
                 [Problem(folder, None, f"missing or incomplete parts {listed}: encode them with --shard")]
             )
         parts = [found[i] for i in range(count)]
-        for part in parts:
+        dimension = int(parts[0].meta["dimension"])
+        for part in parts:  # every cheap check of every part before the checksums read all the bytes
             changed = differences(manifest.identity, part.meta.get("identity"))
             if changed:
                 raise DataError(
@@ -153,29 +183,9 @@ class EmbeddingStore:
                              f"made by another model, setting or corpus than the folder (differs in: "
                              f"{', '.join(changed)})")]
                 )  # fmt: skip
+            part.check_shape(dimension)
+        for part in parts:
             part.verify()
-            if len(part.ids()) != int(part.meta["rows"]):
-                raise DataError(
-                    [
-                        Problem(
-                            part.stem.with_suffix(".ids"),
-                            None,
-                            f"{len(part.ids())} ids for {part.meta['rows']} rows",
-                        )
-                    ]
-                )
-            shape = part.vectors().shape
-            if shape != (int(part.meta["rows"]), int(part.meta["dimension"])):
-                raise DataError(
-                    [
-                        Problem(
-                            part.stem.with_suffix(".npy"),
-                            None,
-                            f"holds {shape} vectors, "
-                            f"not the {part.meta['rows']} x {part.meta['dimension']} recorded",
-                        )
-                    ]
-                )
         return cls(folder, parts, manifest.identity, manifest.about)
 
     @property

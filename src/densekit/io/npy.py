@@ -1,0 +1,51 @@
+"""A `.npy` file's header read on its own: shape, type and order, checked against the file's size, without
+loading or mapping the data, so that a file of many gigabytes is judged in microseconds."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """What a `.npy` file says it holds, and where its data starts."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    offset: int
+
+    def describe(self) -> str:
+        """The array in words: `120 x 16 float32`."""
+        return f"{' x '.join(str(n) for n in self.shape) or 'scalar'} {self.dtype}"
+
+
+def read_npy_header(path: Path | str) -> NpyHeader:
+    """The header of the `.npy` file at `path`; `ValueError` says why it is unreadable (numpy's words) or
+    shorter than its header promises (the caller names the file)."""
+    with Path(path).open("rb") as handle:
+        try:
+            version = np.lib.format.read_magic(handle)
+        except ValueError as err:
+            raise ValueError(" ".join(str(err).split())) from None
+        reader = _READERS.get(version)
+        if reader is None:
+            raise ValueError(f".npy format version {version[0]}.{version[1]}; densekit reads 1.0 and 2.0")
+        try:
+            shape, fortran_order, dtype = reader(handle)
+        except (ValueError, EOFError) as err:
+            raise ValueError(" ".join(str(err).split())) from None
+        header = NpyHeader(tuple(int(n) for n in shape), np.dtype(dtype), bool(fortran_order), handle.tell())
+        size = os.fstat(handle.fileno()).st_size
+    needed = header.offset + math.prod(header.shape) * header.dtype.itemsize
+    if size < needed:
+        raise ValueError(f"truncated: {size} bytes, fewer than the {needed} of the {header.describe()} array "
+                         "its header announces")  # fmt: skip
+    return header
