@@ -7,6 +7,8 @@ import os
 import platform
 from importlib import metadata
 
+from densekit.encoding.device import cpu_flags
+
 
 def _cpu_model() -> str:
     try:
@@ -26,15 +28,8 @@ SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx
 
 def _cpu_flags() -> list[str]:
     """Which of SPEED_FLAGS the CPU lists (Linux's /proc/cpuinfo; empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    present = set(line.split(":", 1)[1].split())
-                    return [flag for flag in SPEED_FLAGS if flag in present]
-    except OSError:
-        pass
-    return []
+    present = cpu_flags()
+    return [flag for flag in SPEED_FLAGS if flag in present]
 
 
 def machine_info() -> dict:

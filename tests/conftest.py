@@ -8,12 +8,16 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from densekit.models.hub import resolve_model_path
+
+if TYPE_CHECKING:
+    from densekit.retrieval.retriever import Retriever
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -151,3 +155,30 @@ def shared_collection(name: str) -> Path:
     if not (path / "corpus.jsonl").is_file():
         pytest.skip(f"{path} not found: the shared test collections sit beside the repository")
     return path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, tiny_st_model: Path) -> tuple[Path, Path, Path]:
+    """A collection, its index by the tiny model, and the model: (data, index, model)."""
+    from densekit.data.dataset import Dataset
+    from densekit.encoding.corpus import encode_corpus
+    from densekit.encoding.store import EmbeddingStore
+    from densekit.index import IndexSpec, build_index
+    from densekit.models import DenseEncoder
+
+    root = tmp_path_factory.mktemp("served")
+    data = write_beir(root / "data")
+    encode_corpus(DenseEncoder.load(tiny_st_model), Dataset.open(data), root / "emb", show_progress=False)
+    build_index(
+        EmbeddingStore.open(root / "emb"), IndexSpec(type="flat"), root / "index", show_progress=False
+    )
+    return data, root / "index", tiny_st_model
+
+
+@pytest.fixture(scope="module")
+def retriever(served: tuple[Path, Path, Path]) -> Retriever:
+    """A retriever over the `served` collection, on the CPU."""
+    from densekit.retrieval.retriever import Retriever
+
+    data, index, model = served
+    return Retriever.open(str(model), index, corpus=data, device="cpu")

@@ -6,13 +6,12 @@ import asyncio
 import json
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -27,40 +26,12 @@ from densekit.index import IndexSpec, build_index
 from densekit.models import DenseEncoder
 from densekit.retrieval.documents import store_path
 from densekit.retrieval.retriever import Retriever
-from densekit.serving.app import Limits, create_app
+from densekit.serving.app import create_app
 from densekit.serving.batcher import MicroBatcher
 
 from .conftest import CORPUS, QUERIES
+from .service_fixtures import AUTH, TOKEN, client, free_port, serve_process
 from .test_outputs import cli
-
-TOKEN = "s3cret-token"
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, tiny_st_model: Path) -> tuple[Path, Path, Path]:
-    """A collection, its index by the tiny model, and the model: (data, index, model)."""
-    from .conftest import write_beir
-
-    root = tmp_path_factory.mktemp("served")
-    data = write_beir(root / "data")
-    encode_corpus(DenseEncoder.load(tiny_st_model), Dataset.open(data), root / "emb", show_progress=False)
-    build_index(
-        EmbeddingStore.open(root / "emb"), IndexSpec(type="flat"), root / "index", show_progress=False
-    )
-    return data, root / "index", tiny_st_model
-
-
-@pytest.fixture(scope="module")
-def retriever(served) -> Retriever:
-    data, index, model = served
-    return Retriever.open(str(model), index, corpus=data, device="cpu")
-
-
-def client(retriever: Retriever, **limits) -> TestClient:
-    return TestClient(create_app(retriever, TOKEN, Limits(**limits)))
-
-
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def test_the_retriever_gives_the_search_commands_run(served, retriever: Retriever, tmp_path: Path):
@@ -181,36 +152,9 @@ def test_concurrent_requests_share_encoding_batches_and_get_their_own_hits(retri
         assert [h.score for h in hits] == pytest.approx([h.score for h in own], abs=1e-5)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve(served, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    data, index, model = served
-    (tmp_path / "key").write_text(TOKEN + "\n")
-    port = _free_port()
-    command = [sys.executable, "-m", "densekit", "serve", str(model), str(index), "--corpus", str(data),
-               "--port", str(port), "--api-key-file", str(tmp_path / "key"), "--device", "cpu",
-               *extra]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            if process.poll() is not None:
-                raise AssertionError(process.stdout.read()) from None
-            time.sleep(0.1)
-    process.kill()
-    raise AssertionError("the service did not start")
-
-
 def test_sigterm_lets_requests_in_flight_finish_then_the_service_exits(served, tmp_path: Path):
     # a long wait for company keeps a request in flight when SIGTERM arrives
-    process, url = _serve(served, tmp_path, "--max-wait-ms", "1500")
+    process, url = serve_process(served, tmp_path, "--max-wait-ms", "1500")
     try:
         with httpx.Client(timeout=30) as http:
             import threading
@@ -237,7 +181,7 @@ def test_sigterm_lets_requests_in_flight_finish_then_the_service_exits(served, t
 def test_a_bad_index_is_an_error_before_the_port_opens(served, tmp_path: Path, capsys):
     _, _, model = served
     (tmp_path / "not-an-index").mkdir()
-    port = _free_port()
+    port = free_port()
     code, err, _ = cli(capsys, "serve", model, tmp_path / "not-an-index", "--port", port)
     assert code == 2
     assert "not-an-index" in err and "not an index folder" in err
@@ -258,19 +202,28 @@ def test_the_document_store_sits_beside_the_index(served, retriever: Retriever):
     assert store_path(index).name == "index.documents.sqlite"
 
 
-def _browser():
-    """Headless chromium through selenium, or a skip saying what is missing."""
+def _browser(profile: Path):
+    """Headless chromium through selenium (a fresh profile in `profile`); where the browser is missing, a
+    skip saying what to install, or a failure in CI (`CI=true`), where .ci/run installs it."""
+    import os
     import shutil
 
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver is None:
-        pytest.skip("the browser test needs Debian's chromium and chromium-driver (apt install them)")
+        missing = "the browser test needs Debian's chromium and chromium-driver (apt install them)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{missing}: CI installs them, so their absence is a fault of the CI set-up")
+        pytest.skip(missing)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900"):
+    # this machine has no network: chromium's own background connections are turned off, not refused
+    arguments = ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900",
+                 "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}"]  # fmt: skip
+    for argument in arguments:
         options.add_argument(argument)
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
@@ -280,8 +233,8 @@ def test_the_search_page_in_a_real_browser_shows_the_first_hit(served, retriever
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser = _browser()
-    process, url = _serve(served, tmp_path)
+    browser = _browser(tmp_path / "profile")
+    process, url = serve_process(served, tmp_path)
     try:
         query = QUERIES[1]["text"]
         browser.get(url + "/")
@@ -304,6 +257,39 @@ def test_the_search_page_in_a_real_browser_shows_the_first_hit(served, retriever
         assert expected[0].title in first.text and expected[0].id in first.text
         assert "ms (search)" in browser.find_element(By.ID, "status").text
         assert len(browser.find_elements(By.CSS_SELECTOR, "li.hit")) == len(expected)
+    finally:
+        browser.quit()
+        process.terminate()
+        process.wait(timeout=30)
+
+
+HOSTILE_TITLE = '<script>window.injected = 1</script><img src="x" onerror="window.injected = 2"><b>bold</b>'
+
+
+def test_the_search_page_shows_markup_in_a_document_as_text(make_beir, tiny_st_model: Path, tmp_path: Path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    corpus = [{"_id": "evil", "title": HOSTILE_TITLE, "text": "<i>cats</i> & dogs </li></ol><h1>big</h1>"}]
+    data = make_beir(corpus=corpus, qrels={"test": [("q1", "evil", 1)]})
+    encode_corpus(DenseEncoder.load(tiny_st_model), Dataset.open(data), tmp_path / "emb", show_progress=False)
+    build_index(EmbeddingStore.open(tmp_path / "emb"), IndexSpec(), tmp_path / "index", show_progress=False)
+    browser = _browser(tmp_path / "profile")
+    process, url = serve_process((data, tmp_path / "index", tiny_st_model), tmp_path)
+    try:
+        browser.get(url + "/")
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.ID, "query").send_keys("cats")
+        browser.find_element(By.ID, "go").click()
+        hit = WebDriverWait(browser, 30).until(
+            expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "li.hit"))
+        )
+        assert hit.find_element(By.CLASS_NAME, "title").text == HOSTILE_TITLE
+        assert hit.find_element(By.CLASS_NAME, "snippet").text == corpus[0]["text"]
+        assert browser.execute_script("return window.injected") is None
+        for tag in ("script", "img", "b", "i", "h1"):
+            assert browser.find_elements(By.CSS_SELECTOR, f"#results {tag}") == []
     finally:
         browser.quit()
         process.terminate()
@@ -395,3 +381,21 @@ def test_serve_refuses_a_precision_its_backend_lacks(served, capsys):
     assert code == 2 and "--backend onnx runs float32 or int8, not bf16" in err
     code, err, _ = cli(capsys, "serve", model, index, "--precision", "fp16", "--device", "cpu")
     assert code == 2 and "fp16 needs a GPU" in err
+
+
+def test_serve_picks_bf16_only_where_the_cpu_computes_it(served, tmp_path: Path):
+    from densekit.encoding.device import fastest_precision
+
+    cpu = torch.device("cpu")
+    assert fastest_precision(cpu, {"avx2", "avx512f", "avx512_bf16"})[0] == "bf16"
+    assert fastest_precision(cpu, {"avx2", "amx_bf16"})[0] == "bf16"
+    assert fastest_precision(cpu, {"avx2", "avx512f", "avx512_vnni"})[0] == "float32"
+    process, url = serve_process(served, tmp_path)  # --precision auto, the default
+    try:
+        info = httpx.get(f"{url}/info", headers=AUTH, timeout=30).json()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    chosen, reason = fastest_precision(cpu)
+    assert (info["query_precision"], info["precision_reason"]) == (chosen, f"auto: {reason}")
+    assert info["backend"] == "torch"

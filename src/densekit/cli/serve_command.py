@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from densekit.cli.options import BackendOpt, DeviceOpt, ModelArg, ModuleOpt, PrecisionOpt
+from densekit.cli.options import BackendOpt, DeviceOpt, ModelArg, ModuleOpt
 
 log = logging.getLogger("densekit")
 API_KEY_VARIABLE = "DENSEKIT_API_KEY"
@@ -73,18 +73,45 @@ def serve(
     ] = None,
     device: DeviceOpt = "auto",
     backend: BackendOpt = "torch",
-    precision: PrecisionOpt = "float32",
-    max_batch: Annotated[int, typer.Option(min=1, help="Queries encoded together at most.")] = 64,
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            help="auto: the fastest measured to keep quality here (bf16 on a GPU with it or a CPU with "
+            "AVX512-BF16 or AMX, else float32; float32 with --backend onnx); or float32, bf16, fp16 (GPU), "
+            "int8 (--backend onnx).",
+        ),
+    ] = "auto",
+    max_batch: Annotated[int, typer.Option(min=1, help="Texts encoded together at most.")] = 64,
     max_wait_ms: Annotated[
-        float, typer.Option(min=0, help="How long a query waits for others to share its batch.")
+        float, typer.Option(min=0, help="How long a text waits for others to share its batch.")
     ] = 5.0,
     max_k: Annotated[int, typer.Option(min=1, help="Most hits a query may ask for.")] = 1000,
-    max_queries: Annotated[int, typer.Option(min=1, help="Most queries in one request.")] = 64,
-    max_query_chars: Annotated[int, typer.Option(min=1, help="Longest query, in characters.")] = 2000,
+    max_queries: Annotated[
+        int, typer.Option(min=1, help="Most queries (or /v1/embeddings inputs) in one request.")
+    ] = 64,
+    max_query_chars: Annotated[
+        int, typer.Option(min=1, help="Longest query (or /v1/embeddings input), in characters.")
+    ] = 2000,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body.")] = 1_000_000,
+    max_queued: Annotated[
+        int, typer.Option(min=1, help="Texts that may wait to be encoded; past it, 429 with Retry-After.")
+    ] = 1024,
+    request_timeout: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds a request may wait for its answer; past it, 503 (0: no limit)."),
+    ] = 30.0,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(help="The name /v1/embeddings answers to (default: MODEL as given)."),
+    ] = None,
+    open_metrics: Annotated[
+        bool, typer.Option("--open-metrics", help="Serve /metrics without the token (for a scraper).")
+    ] = False,
 ) -> None:
-    """Serve MODEL and INDEX_DIR over HTTP: POST /search, GET /documents/{id}, /info, /health, a search
-    page at / and the API's docs at /docs (docs/serving.md).
+    """Serve MODEL and INDEX_DIR over HTTP: POST /search, OpenAI's POST /v1/embeddings and GET /v1/models,
+    GET /documents/{id}, /info, /metrics (Prometheus), /health, a search page at / and the API's docs at
+    /docs (docs/serving.md).
 
     Everything is loaded and checked before the port opens. Without a token (--api-key-file or
     DENSEKIT_API_KEY) it serves only on a loopback address. Ctrl-C or SIGTERM finishes the requests in
@@ -92,7 +119,7 @@ def serve(
     """
     import uvicorn
 
-    from densekit.encoding.device import autocast
+    from densekit.encoding.device import autocast, fastest_precision
     from densekit.encoding.onnx_backend import use_backend
     from densekit.retrieval.retriever import Retriever
     from densekit.serving.app import Limits, create_app
@@ -104,7 +131,8 @@ def serve(
             f"{API_KEY_VARIABLE}"
         )
     limits = Limits(max_query_chars=max_query_chars, max_k=max_k, max_queries=max_queries,
-                    max_body_bytes=max_body_bytes)  # fmt: skip
+                    max_body_bytes=max_body_bytes, max_queued=max_queued,
+                    request_timeout_s=request_timeout or None)  # fmt: skip
     extra = [_module_and_index(text) for text in module_index or []]
     retrievers = [Retriever.open(model, index_dir, corpus, module, device, show_progress=True)]
     if retrievers[0].route is not None and extra:
@@ -116,11 +144,16 @@ def serve(
     encoder.activate(retrievers[0].module)
     if backend == "onnx" and (retrievers[0].route is not None or extra):
         raise ValueError(f"--backend {backend} serves one model and its index: not a route or --module-index")
-    query_precision = use_backend(encoder, backend, precision, ["query"])
+    reason = f"--precision {precision}"
+    if precision == "auto":
+        chosen = ("float32", "--backend onnx") if backend == "onnx" else fastest_precision(encoder.device)
+        precision, reason = chosen[0], f"auto: {chosen[1]}"
+    query_precision = use_backend(encoder, backend, precision)
     autocast(encoder.device, query_precision)  # fp16 on a CPU is refused now, not at the first request
-    app = create_app(retrievers, api_key, limits, max_batch, max_wait_ms, query_precision)
-    log.info("serving %s over %s on http://%s:%d (token %s)", model, index_dir, host, port,
-             "required" if api_key else "not required")  # fmt: skip
+    app = create_app(retrievers, api_key, limits, max_batch, max_wait_ms, query_precision,
+                     served_model_name or model, open_metrics, reason)  # fmt: skip
+    log.info("serving %s over %s on http://%s:%d (token %s; %s at %s: %s)", model, index_dir, host, port,
+             "required" if api_key else "not required", backend, precision, reason)  # fmt: skip
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
 
 

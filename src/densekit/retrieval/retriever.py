@@ -6,7 +6,6 @@ go through it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,16 +20,7 @@ from densekit.models.modules.route import Route, is_route_folder
 from densekit.progress import progress_bar
 from densekit.retrieval.dense import check_compatible
 from densekit.retrieval.documents import DocumentStore
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One ranked document; `title` and `text` when the retriever has the documents."""
-
-    id: str
-    score: float
-    title: str | None = None
-    text: str | None = None
+from densekit.retrieval.hit import Hit
 
 
 class Retriever:

@@ -1,5 +1,5 @@
-"""The HTTP search service: FastAPI routes over a `Retriever`, with a bearer token, limits and
-micro-batched query encoding."""
+"""The HTTP search service: FastAPI routes over a `Retriever` (search, documents, OpenAI's embeddings
+API, Prometheus metrics), with a bearer token, limits, and micro-batched encoding behind a bounded queue."""
 
 from __future__ import annotations
 
@@ -10,18 +10,29 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from densekit.encoding.device import Precision
 from densekit.retrieval.retriever import Retriever
-from densekit.serving.batcher import MicroBatcher
+from densekit.serving import openai_api
+from densekit.serving.batcher import MicroBatcher, Overloaded, TimedOut
+from densekit.serving.metrics import CONTENT_TYPE, MetricsMiddleware, ServiceMetrics
+from densekit.serving.openai_api import EmbeddingsRequest, EmbeddingsResponse
 from densekit.serving.page import SEARCH_PAGE
+
+OPENAI_PREFIX = "/v1/"
 
 
 class Limits(BaseModel):
-    """What one request may ask; past a limit it gets 413 (body) or 422 (the rest)."""
+    """What one request may ask (past a limit it gets 413 for its body, 422 for the rest), how many texts
+    may wait to be encoded (past it, 429 with Retry-After) and how long a request may wait for its
+    answer (past it, 503 with Retry-After; None: no limit). `max_queries` and `max_query_chars` hold for
+    `/v1/embeddings` inputs too."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -29,6 +40,8 @@ class Limits(BaseModel):
     max_k: int = Field(1000, ge=1)
     max_queries: int = Field(64, ge=1)
     max_body_bytes: int = Field(1_000_000, ge=1)
+    max_queued: int = Field(1024, ge=1)
+    request_timeout_s: float | None = Field(30.0, gt=0)
 
 
 class SearchRequest(BaseModel):
@@ -97,18 +110,29 @@ class _BodyLimit:
 
 
 def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, limits: Limits = Limits(),
-               max_batch: int = 64, max_wait_ms: float = 5.0,
-               precision: Precision = "float32") -> FastAPI:  # fmt: skip
+               max_batch: int = 64, max_wait_ms: float = 5.0, precision: Precision = "float32",
+               model_name: str | None = None, open_metrics: bool = False,
+               precision_reason: str | None = None) -> FastAPI:  # fmt: skip
     """The service over one retriever, or several sharing one encoder, each with its own module and
-    index (the first answers requests that name no module), its queries encoded under `precision`'s
-    autocast. With `api_key`, every route but `/health`, the page at `/` and the OpenAPI pages (which
-    hold no data) needs `Authorization: Bearer <api_key>`."""
+    index (the first answers requests that name no module), its texts encoded under `precision`'s
+    autocast (chosen for `precision_reason`, which `/info` repeats). `model_name` (default: the model's
+    source) is the name `/v1/embeddings` answers to, beside each module's. With `api_key`, every route
+    but `/health`, the page at `/`, the OpenAPI pages (which hold no data) and, with `open_metrics`,
+    `/metrics` needs `Authorization: Bearer <api_key>`."""
     served = [retrievers] if isinstance(retrievers, Retriever) else list(retrievers)
     by_module = {r.module: r for r in served}
     if len(by_module) != len(served):
         raise ValueError("two retrievers of the same module: serve each module once")
     retriever = served[0]
-    batcher = MicroBatcher(max_batch, max_wait_ms, precision)
+    model_name = model_name or retriever.encoder.source
+    embedding_names = openai_api.served_names(model_name, served)
+    metrics = ServiceMetrics()
+    batcher = MicroBatcher(max_batch, max_wait_ms, precision, limits.max_queued, limits.request_timeout_s,
+                           metrics.observe_batch)  # fmt: skip
+    metrics.queued.set_function(lambda: batcher.queued)
+    metrics.documents.set(len(retriever.documents) if retriever.documents is not None else 0)
+    for each in served:
+        metrics.index_vectors.labels(str(each.module or "")).set(each.index.rows)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -118,7 +142,9 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
 
     app = FastAPI(title="densekit search", lifespan=lifespan)
     app.state.batcher = batcher
+    app.state.metrics = metrics
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last: outermost, it sees every status
     bearer = HTTPBearer(auto_error=False)
 
     def authorised(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -140,7 +166,9 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     @app.get("/info", dependencies=[Depends(authorised)])
     def info() -> dict:
         """The model, the module and index that answer by default, the other modules served, the
-        documents, the precision queries are encoded at and the limits."""
+        documents, the precision texts are encoded at and why, the embeddings API's model names and the
+        limits."""
+        runtime = retriever.encoder.runtime
         return {
             "model": retriever.encoder.source,
             "dimension": retriever.encoder.dimension,
@@ -149,7 +177,10 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
             "index": _index_info(retriever),
             "modules": {str(r.module): _index_info(r) for r in served[1:]},
             "documents": len(retriever.documents) if retriever.documents is not None else None,
-            "query_precision": precision,
+            "query_precision": runtime.precision if runtime is not None else precision,
+            "precision_reason": precision_reason,
+            "backend": "onnx" if runtime is not None else "torch",
+            "embedding_models": openai_api.model_list(embedding_names),
             "limits": limits.model_dump(),
         }
 
@@ -158,7 +189,8 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         """Hits for one query or a list of them."""
         texts = [request.query] if isinstance(request.query, str) else request.query
         k = request.k if request.k is not None else min(10, limits.max_k)
-        _check(k, texts, limits)
+        _check_k(k, limits)
+        _check_texts(texts, limits, "query", "queries")
         chosen = retriever if request.module is None else by_module.get(request.module)
         if chosen is None:
             names = ", ".join(repr(name) for name in by_module if name is not None) or "none"
@@ -168,6 +200,35 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         hits = await batcher.search(chosen, texts, k, request.domain)
         took = (time.perf_counter() - start) * 1000
         return SearchResponse(results=[[HitOut(**h.__dict__) for h in row] for row in hits], took_ms=took)
+
+    @app.post("/v1/embeddings", dependencies=[Depends(authorised)], response_model=EmbeddingsResponse)
+    async def embeddings(request: EmbeddingsRequest) -> EmbeddingsResponse:
+        """OpenAI's embeddings API: `model` is a name from `/v1/models`, whose suffix `:query` or
+        `:passage` says how the inputs are encoded (as passages without one)."""
+        try:
+            texts = openai_api.request_texts(request)
+            chosen = openai_api.resolve_model(request.model, embedding_names)
+        except openai_api.UnknownModel as err:
+            raise HTTPException(404, str(err)) from None
+        except ValueError as err:
+            raise _LimitError(str(err)) from None
+        _check_texts(texts, limits, "input", "inputs")
+        dimension = chosen.retriever.encoder.dimension
+        if request.dimensions is not None and request.dimensions != dimension:
+            raise _LimitError(f"dimensions={request.dimensions}: this model gives {dimension}")
+        if chosen.kind == "query":
+            _check_domain(chosen.retriever, None)
+        found = await batcher.embed(chosen.retriever, texts, chosen.kind)
+        return openai_api.embeddings_response(
+            found.vectors, found.tokens, request.model, request.encoding_format
+        )
+
+    @app.get("/v1/models", dependencies=[Depends(authorised)])
+    def models() -> dict:
+        """The model names `/v1/embeddings` answers to, in OpenAI's list shape."""
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "densekit"}
+                for name in openai_api.model_list(embedding_names)]  # fmt: skip
+        return {"object": "list", "data": data}
 
     @app.get("/documents/{doc_id}", dependencies=[Depends(authorised)], response_model=HitOut)
     def document(doc_id: str) -> HitOut:
@@ -179,11 +240,47 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
             raise HTTPException(404, f"no document {doc_id!r}")
         return HitOut(id=found.id, score=0.0, title=found.title, text=found.text)
 
+    @app.get("/metrics", dependencies=[] if open_metrics else [Depends(authorised)], include_in_schema=False)
+    def prometheus() -> Response:
+        """Every metric in Prometheus' text format."""
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
     @app.exception_handler(_LimitError)
-    async def over_limit(_: Request, err: _LimitError) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, status_code=422)
+    async def over_limit(request: Request, err: _LimitError) -> JSONResponse:
+        return _error(request, str(err), 422)
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(request: Request, err: Overloaded) -> JSONResponse:
+        return _error(request, str(err), 429, {"Retry-After": str(err.retry_after)})
+
+    @app.exception_handler(TimedOut)
+    async def timed_out(request: Request, err: TimedOut) -> JSONResponse:
+        return _error(request, str(err), 503, {"Retry-After": str(err.retry_after)})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
+        if not request.url.path.startswith(OPENAI_PREFIX):
+            return await http_exception_handler(request, err)
+        return _error(request, str(err.detail), err.status_code, err.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> Response:
+        if not request.url.path.startswith(OPENAI_PREFIX):
+            return await request_validation_exception_handler(request, err)
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in err.errors())
+        return _error(request, problems, 422)
 
     return app
+
+
+def _error(request: Request, message: str, status: int, headers: dict | None = None) -> JSONResponse:
+    """An error in densekit's shape (`{"detail": ...}`), or OpenAI's under /v1/."""
+    body = (
+        openai_api.error_body(message, status)
+        if request.url.path.startswith(OPENAI_PREFIX)
+        else {"detail": message}
+    )
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class _LimitError(ValueError):
@@ -211,15 +308,20 @@ def _check_domain(retriever: Retriever, domain: str | None) -> None:
         raise _LimitError(f"domain {domain!r} is not routed here (domains: {known})")
 
 
-def _check(k: int, texts: list[str], limits: Limits) -> None:
+def _check_k(k: int, limits: Limits) -> None:
     if not 1 <= k <= limits.max_k:
         raise _LimitError(f"k={k}: ask for 1 to {limits.max_k} hits")
+
+
+def _check_texts(texts: list[str], limits: Limits, what: str, many: str) -> None:
+    """`texts` (a request's queries or inputs: `what`, `many` of them) within the limits: their count and
+    length, none empty."""
     if not 1 <= len(texts) <= limits.max_queries:
-        raise _LimitError(f"{len(texts)} queries: send 1 to {limits.max_queries} in one request")
+        raise _LimitError(f"{len(texts)} {many}: send 1 to {limits.max_queries} in one request")
     for number, text in enumerate(texts):
         if len(text) > limits.max_query_chars:
             raise _LimitError(
-                f"query {number}: {len(text)} characters, over the limit of {limits.max_query_chars}"
+                f"{what} {number}: {len(text)} characters, over the limit of {limits.max_query_chars}"
             )
         if not text.strip():
-            raise _LimitError(f"query {number} is empty")
+            raise _LimitError(f"{what} {number} is empty")

@@ -1,40 +1,101 @@
-"""Gathering concurrent requests' queries into one encoding batch, so throughput grows with concurrency."""
+"""Gathering concurrent requests' texts into one encoding batch, so throughput grows with concurrency,
+behind a bounded queue so that overload is refused at once rather than left to wait without end."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
 
 from densekit.encoding.device import Precision
-from densekit.retrieval.retriever import Hit, Retriever
+from densekit.encoding.embed import embed_texts
+from densekit.models.config import TextKind
+from densekit.retrieval.hit import Hit
+from densekit.retrieval.retriever import Retriever
+
+# What a request asks of its texts: hits ("search"), or their vectors as queries or as passages.
+Job = Literal["search", "query", "passage"]
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """The vectors of a request's texts, in order, and how many tokens they took."""
+
+    vectors: np.ndarray
+    tokens: int
+
+
+class Overloaded(Exception):
+    """The queue holds `queued` texts already: more would wait longer than the service answers in."""
+
+    def __init__(self, queued: int, retry_after: int):
+        super().__init__(f"the service is busy ({queued} texts queued): retry after {retry_after} s")
+        self.retry_after = retry_after
+
+
+class TimedOut(Exception):
+    """A request waited past the service's request timeout; its texts were dropped if not yet encoded."""
+
+    def __init__(self, timeout: float, retry_after: int):
+        super().__init__(f"no answer within the service's request timeout of {timeout:g} s: retry later")
+        self.retry_after = retry_after
 
 
 @dataclass
 class _Pending:
     retriever: Retriever
     texts: list[str]
-    k: int
+    job: Job
     done: asyncio.Future = field(repr=False)
+    k: int = 0
     domain: str | None = None
 
 
 class MicroBatcher:
-    """Queues each request's queries; one worker takes the first waiting request, gathers what else
-    arrives within `max_wait_ms` (up to `max_batch` queries), encodes them in one batch per module off
-    the event loop, and answers every request from it. `batches` counts the encoding batches run so far.
+    """Queues each request's texts; one worker takes the first waiting request, gathers what else
+    arrives within `max_wait_ms` (up to `max_batch` texts), encodes them in one batch per module and job
+    off the event loop, and answers every request from it.
+
+    At most `max_queued` texts wait: a request that would pass that gets `Overloaded` at once, with a
+    retry delay estimated from the recent encoding speed. A request not answered within `timeout`
+    seconds gets `TimedOut`, and its texts are dropped unless already being encoded; so are those of a
+    request whose client went away. `batches` counts the encoding batches run; `on_batch(texts,
+    seconds)` hears of each.
 
     The worker is the only one to encode, so retrievers sharing one encoder with different modules
-    (`serve --module-index`) are safe: it activates each module before encoding its queries."""
+    (`serve --module-index`) are safe: it activates each module before encoding its texts."""
 
-    def __init__(self, max_batch: int = 64, max_wait_ms: float = 5.0, precision: Precision = "float32"):
-        if max_batch < 1 or max_wait_ms < 0:
-            raise ValueError(f"max_batch {max_batch} must be >= 1 and max_wait_ms {max_wait_ms} >= 0")
+    def __init__(
+        self,
+        max_batch: int = 64,
+        max_wait_ms: float = 5.0,
+        precision: Precision = "float32",
+        max_queued: int = 1024,
+        timeout: float | None = None,
+        on_batch: Callable[[int, float], None] | None = None,
+    ):
+        if max_batch < 1 or max_wait_ms < 0 or max_queued < 1:
+            raise ValueError(
+                f"max_batch {max_batch} and max_queued {max_queued} must be >= 1, "
+                f"max_wait_ms {max_wait_ms} >= 0"
+            )
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout {timeout} must be > 0 seconds")
         self.max_batch = max_batch
         self.precision = precision
         self.max_wait = max_wait_ms / 1000
+        self.max_queued = max_queued
+        self.timeout = timeout
+        self.on_batch = on_batch
         self.batches = 0
+        self.queued = 0  # texts waiting, not yet taken into a batch
+        self._seconds_per_text = 0.0  # a moving average over recent batches, for Retry-After
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task | None = None
 
@@ -58,16 +119,35 @@ class MicroBatcher:
     ) -> list[list[Hit]]:
         """`retriever`'s hits for `texts` (of `domain`, for a fixed route), encoded together with whatever
         other requests are waiting."""
+        return await self._submit(retriever, texts, "search", k, domain)
+
+    async def embed(
+        self, retriever: Retriever, texts: list[str], kind: TextKind, domain: str | None = None
+    ) -> Embeddings:
+        """The vectors `retriever` gives `texts` as queries (routed, with a route) or as passages."""
+        return await self._submit(retriever, texts, kind, 0, domain)
+
+    def retry_after(self) -> int:
+        """Seconds after which the queue as it is now should have drained (at least 1)."""
+        return max(1, math.ceil(self.queued * self._seconds_per_text))
+
+    async def _submit(self, retriever: Retriever, texts: list[str], job: Job, k: int, domain: str | None):
         if self._queue is None:
             raise RuntimeError("the batcher is not started")
-        pending = _Pending(retriever, texts, k, asyncio.get_running_loop().create_future(), domain)
-        await self._queue.put(pending)
-        return await pending.done
+        if self.queued + len(texts) > self.max_queued:
+            raise Overloaded(self.queued, self.retry_after())
+        pending = _Pending(retriever, texts, job, asyncio.get_running_loop().create_future(), k, domain)
+        self.queued += len(texts)
+        self._queue.put_nowait(pending)
+        try:
+            return await asyncio.wait_for(pending.done, self.timeout)
+        except TimeoutError:  # wait_for cancelled the future: the worker skips it if it has not begun
+            raise TimedOut(self.timeout or 0.0, self.retry_after()) from None
 
     async def _work(self) -> None:
         assert self._queue is not None
         while True:
-            batch = [await self._queue.get()]
+            batch = [await self._take()]
             size = len(batch[0].texts)
             deadline = time.monotonic() + self.max_wait
             while size < self.max_batch:
@@ -75,43 +155,75 @@ class MicroBatcher:
                 if remaining <= 0:
                     break
                 try:
-                    nxt = await asyncio.wait_for(self._queue.get(), remaining)
+                    nxt = await asyncio.wait_for(self._take(), remaining)
                 except TimeoutError:
                     break
                 batch.append(nxt)
                 size += len(nxt.texts)
+            live = [pending for pending in batch if not pending.done.done()]
             try:
-                results = await asyncio.to_thread(self._answer, batch)
-                for pending, hits in zip(batch, results, strict=True):
-                    if not pending.done.cancelled():
-                        pending.done.set_result(hits)
+                if live:
+                    started = time.perf_counter()
+                    results = await asyncio.to_thread(self._answer, live)
+                    self._measured(sum(len(p.texts) for p in live), time.perf_counter() - started)
+                    for pending, answer in zip(live, results, strict=True):
+                        if not pending.done.done():
+                            pending.done.set_result(answer)
             except Exception as err:  # every waiting request hears of the failure
-                for pending in batch:
+                for pending in live:
                     if not pending.done.done():
                         pending.done.set_exception(err)
             finally:
                 for _ in batch:
                     self._queue.task_done()
 
-    def _answer(self, batch: list[_Pending]) -> list[list[list[Hit]]]:
-        answers: dict[int, list[list[Hit]]] = {}
-        by_retriever: dict[int, list[int]] = {}
+    async def _take(self) -> _Pending:
+        assert self._queue is not None
+        pending = await self._queue.get()
+        self.queued -= len(pending.texts)
+        return pending
+
+    def _measured(self, texts: int, seconds: float) -> None:
+        per_text = seconds / max(texts, 1)
+        previous = self._seconds_per_text
+        self._seconds_per_text = per_text if previous == 0 else 0.8 * previous + 0.2 * per_text
+        if self.on_batch is not None:
+            self.on_batch(texts, seconds)
+
+    def _answer(self, batch: list[_Pending]) -> list[list[list[Hit]] | Embeddings]:
+        answers: dict[int, list[list[Hit]] | Embeddings] = {}
+        groups: dict[tuple[int, Job], list[int]] = {}
         for number, pending in enumerate(batch):
-            by_retriever.setdefault(id(pending.retriever), []).append(number)
-        for numbers in by_retriever.values():
+            groups.setdefault((id(pending.retriever), pending.job), []).append(number)
+        for (_, job), numbers in groups.items():
             retriever = batch[numbers[0]].retriever
             retriever.encoder.activate(retriever.module)
             texts = [text for n in numbers for text in batch[n].texts]
-            domains = None
-            if retriever.route is not None and retriever.route.spec.type == "fixed":
-                domains = [batch[n].domain for n in numbers for _ in batch[n].texts]
-            vectors = retriever.encode_queries(
-                texts, batch_size=max(len(texts), 1), precision=self.precision, domains=domains
-            )
+            vectors = self._encode(retriever, job, texts, [batch[n] for n in numbers])
             self.batches += 1
             start = 0
             for n in numbers:
                 size = len(batch[n].texts)
-                answers[n] = retriever.hits(vectors[start : start + size], batch[n].k)
+                rows = vectors[start : start + size]
+                if job == "search":
+                    answers[n] = retriever.hits(rows, batch[n].k)
+                else:
+                    answers[n] = Embeddings(rows, _token_count(retriever, batch[n].texts, job))
                 start += size
         return [answers[n] for n in range(len(batch))]
+
+    def _encode(
+        self, retriever: Retriever, job: Job, texts: list[str], requests: list[_Pending]
+    ) -> np.ndarray:
+        if job == "passage":  # a route's passages are the base's, as its index's are
+            return embed_texts(retriever.encoder, texts, "passage", max(len(texts), 1), self.precision)
+        domains = None
+        if retriever.route is not None and retriever.route.spec.type == "fixed":
+            domains = [pending.domain for pending in requests for _ in pending.texts]
+        return retriever.encode_queries(texts, batch_size=max(len(texts), 1), precision=self.precision,
+                                        domains=domains)  # fmt: skip
+
+
+def _token_count(retriever: Retriever, texts: list[str], kind: TextKind) -> int:
+    """Tokens `texts` take as `kind` texts, special tokens and prefix included, after truncation."""
+    return sum(len(ids) for ids in retriever.encoder.tokenize(texts, kind))
