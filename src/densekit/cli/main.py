@@ -13,6 +13,7 @@ from transformers.utils import logging as transformers_logging
 from densekit.cli import (
     data_commands,
     evaluation_commands,
+    import_command,
     module_commands,
     quickstart_command,
     recipe_command,
@@ -49,6 +50,7 @@ def configure(
 
 data_commands.register(app)
 retrieval_commands.register(app)
+import_command.register(app)
 quickstart_command.register(app)
 train_commands.register(app)
 recipe_command.register(app)
