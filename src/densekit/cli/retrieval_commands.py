@@ -178,6 +178,13 @@ def index(
     collection: Annotated[
         str | None, typer.Option("--collection", help="milvus: the collection (default: OUTPUT's name).")
     ] = None,
+    memory_check: Annotated[
+        bool,
+        typer.Option(
+            "--memory-check/--no-memory-check",
+            help="Refuse, before any work, an index needing more memory than is available (docs/scale.md).",
+        ),
+    ] = True,
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
@@ -209,7 +216,9 @@ def index(
             type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction, ef_search=ef_search,
             nlist=nlist, nprobe=nprobe, pq_m=pq_m, pq_bits=pq_bits,
         )  # fmt: skip
-        build_index(EmbeddingStore.open(embeddings), spec, output, show_progress=progress)
+        build_index(
+            EmbeddingStore.open(embeddings), spec, output, show_progress=progress, check_memory=memory_check
+        )
     except SpecError as err:
         raise _option_error(err) from None
     log.info("wrote %s", output)
@@ -228,6 +237,10 @@ def search(
     precision: PrecisionOpt = "float32",
     gpu_index: Annotated[
         bool, typer.Option("--gpu-index", help="Search the index on the GPUs faiss sees.")
+    ] = False,
+    mmap_index: Annotated[
+        bool,
+        typer.Option("--mmap-index", help="Memory-map the index file, not read it in (docs/scale.md)."),
     ] = False,
     ef_search: Annotated[
         int | None, typer.Option(help="HNSW: override the saved candidate list.", **_bounds("ef_search"))
@@ -275,7 +288,7 @@ def search(
             query_prefix, passage_prefix, trust_remote_code, module,
         )  # fmt: skip
     torch_precision = use_backend(encoder, backend, precision, ["query"])
-    searcher = SearchIndex.load(index_dir, gpu=gpu_index)
+    searcher = SearchIndex.load(index_dir, gpu=gpu_index, mmap=mmap_index)
     try:
         searcher.set_search_parameters(ef_search=ef_search, nprobe=nprobe)
     except SpecError as err:

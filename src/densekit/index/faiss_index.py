@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from densekit.data.records import Run
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.passages import MaxPSettings, best_passage_run
 from densekit.encoding.store import EmbeddingStore
+from densekit.index.memory import check_fits
 from densekit.index.spec import IndexSpec, SpecError
 from densekit.io.artefact import artefact_dir, check_artefact_dir, read_manifest, verify
 from densekit.io.outputs import check_not_input
@@ -39,12 +41,21 @@ _MAX_TRAINING_POINTS = 256 * 1024
 
 
 def build_index(
-    store: EmbeddingStore, spec: IndexSpec, output: Path, seed: int = 0, show_progress: bool = True
+    store: EmbeddingStore,
+    spec: IndexSpec,
+    output: Path,
+    seed: int = 0,
+    show_progress: bool = True,
+    add_batch: int = _ADD_BATCH,
+    check_memory: bool = True,
 ) -> Path:
-    """Build an index of `spec` over `store`, part by part, and save it atomically to `output`.
+    """Build an index of `spec` over `store` and save it atomically to `output`: trained on a sample,
+    filled `add_batch` vectors at a time from the memory-mapped parts, so only the index itself and one
+    batch are held in memory.
 
     `output` must be new, empty or an index folder densekit made; anything else is refused before
-    any work, and so is an output that is, or holds, the embedding folder. A vector holding NaN or an
+    any work, and so is an output that is, or holds, the embedding folder, and (with `check_memory`) an
+    index that needs more memory than is available (`IndexTooLarge`). A vector holding NaN or an
     infinity is an error naming its part's `.npy` file, its row and its document.
     """
     check_not_input(output, [store.folder])
@@ -53,6 +64,8 @@ def build_index(
     if rows == 0:
         raise DataError([Problem(store.folder, None, "no embeddings to index")])
     spec = spec.resolved(rows, dimension)
+    if check_memory:
+        check_fits(spec, rows, dimension, add_batch, min(rows, _MAX_TRAINING_POINTS))
 
     def sample() -> np.ndarray:
         chosen = _training_sample(store.iter_parts(), rows, seed)
@@ -65,8 +78,8 @@ def build_index(
     with progress_bar(f"indexing ({spec.type})", rows, show_progress) as advance:
         for part in store.parts:
             vectors = part.vectors()
-            for start in range(0, len(vectors), _ADD_BATCH):
-                batch = np.ascontiguousarray(vectors[start : start + _ADD_BATCH], dtype=np.float32)
+            for start in range(0, len(vectors), add_batch):
+                batch = np.ascontiguousarray(vectors[start : start + add_batch], dtype=np.float32)
                 _check_finite(batch, part.stem.with_suffix(".npy"), part.ids, start)
                 index.add(batch)
                 advance(len(batch))
@@ -75,7 +88,10 @@ def build_index(
     about = {**store.about, "embeddings": str(store.folder)}
     with artefact_dir(output, KIND, identity, about) as tmp:
         faiss.write_index(index, str(tmp / INDEX_FILE))
-        (tmp / IDS_FILE).write_text("\n".join(store.ids()) + "\n", encoding="utf-8")
+        with (tmp / IDS_FILE).open("wb") as ids:  # each part's ids end in a newline
+            for part in store.parts:
+                with part.stem.with_suffix(".ids").open("rb") as source:
+                    shutil.copyfileobj(source, ids)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return Path(output)
 
@@ -165,9 +181,10 @@ class SearchIndex:
         return cls(index, ids, meta, Path("<memory>"))
 
     @classmethod
-    def load(cls, folder: Path | str, gpu: bool = False) -> SearchIndex:
+    def load(cls, folder: Path | str, gpu: bool = False, mmap: bool = False) -> SearchIndex:
         """Load a saved index after checking its files against their checksums; `gpu` moves it onto
-        every GPU faiss sees, and fails if there is none."""
+        every GPU faiss sees, and fails if there is none. With `mmap` the bulk of a faiss index (IVF's
+        lists, flat and HNSW's vectors) stays in its file, memory-mapped, read as searches touch it."""
         folder = Path(folder)
         if not folder.is_dir():
             raise DataError([Problem(folder, None, "index folder not found")])
@@ -184,8 +201,13 @@ class SearchIndex:
                 raise ValueError(f"{folder} is a Milvus index: Milvus searches it, not faiss on a GPU")
             ids = (folder / IDS_FILE).read_text(encoding="utf-8").splitlines()
             return MilvusSearchIndex(meta, ids, folder, manifest.identity)
+        if mmap and gpu:
+            raise ValueError("a memory-mapped index is searched on the CPU: ask for a GPU or mmap, not both")
+        flags = 0
+        if mmap:
+            flags = faiss.IO_FLAG_MMAP if meta["spec"]["type"] == "ivfpq" else faiss.IO_FLAG_MMAP_IFC
         try:
-            index = faiss.read_index(str(folder / INDEX_FILE))
+            index = faiss.read_index(str(folder / INDEX_FILE), flags)
         except RuntimeError as err:
             problem = Problem(folder / INDEX_FILE, None, f"faiss cannot read it: {_faiss_reason(err)}")
             raise DataError([problem]) from None
