@@ -167,3 +167,19 @@ def test_under_load_every_request_is_answered_200_or_429(retriever: Retriever, m
     for text, response in zip(texts, responses, strict=True):
         if response.status_code == 200:
             assert [h["id"] for h in response.json()["results"][0]] == expected[text]
+
+
+def test_a_free_worker_takes_every_waiting_request_without_waiting_for_more(retriever: Retriever):
+    texts = [q["text"] for q in QUERIES] * 4
+
+    async def together() -> tuple[list, int]:
+        batcher = MicroBatcher(max_batch=64, max_wait_ms=0)
+        await batcher.start()
+        answers = await asyncio.gather(*(batcher.search(retriever, [t], 3) for t in texts))
+        await batcher.stop()
+        return answers, batcher.batches
+
+    answers, batches = asyncio.run(together())
+    assert batches == 1  # all sixteen were waiting when the worker woke
+    for [hits], own in zip(answers, retriever.search(texts, k=3), strict=True):
+        assert [h.id for h in hits] == [h.id for h in own]

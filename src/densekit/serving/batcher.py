@@ -58,9 +58,9 @@ class _Pending:
 
 
 class MicroBatcher:
-    """Queues each request's texts; one worker takes the first waiting request, gathers what else
-    arrives within `max_wait_ms` (up to `max_batch` texts), encodes them in one batch per module and job
-    off the event loop, and answers every request from it.
+    """Queues each request's texts; one worker takes every request waiting when it is free (up to
+    `max_batch` texts), gathers what else arrives within `max_wait_ms`, encodes them in one batch per
+    module and job off the event loop, and answers every request from it.
 
     At most `max_queued` texts wait: a request that would pass that gets `Overloaded` at once, with a
     retry delay estimated from the recent encoding speed. A request not answered within `timeout`
@@ -149,6 +149,9 @@ class MicroBatcher:
         while True:
             batch = [await self._take()]
             size = len(batch[0].texts)
+            while size < self.max_batch and not self._queue.empty():  # what waited while the last batch ran
+                batch.append(self._take_nowait())
+                size += len(batch[-1].texts)
             deadline = time.monotonic() + self.max_wait
             while size < self.max_batch:
                 remaining = deadline - time.monotonic()
@@ -180,6 +183,12 @@ class MicroBatcher:
     async def _take(self) -> _Pending:
         assert self._queue is not None
         pending = await self._queue.get()
+        self.queued -= len(pending.texts)
+        return pending
+
+    def _take_nowait(self) -> _Pending:
+        assert self._queue is not None
+        pending = self._queue.get_nowait()
         self.queued -= len(pending.texts)
         return pending
 
