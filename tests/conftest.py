@@ -20,6 +20,21 @@ if TYPE_CHECKING:
     from densekit.retrieval.retriever import Retriever
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+_BROWSER_OUTCOMES: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keep the outcome of each browser test, for the summary."""
+    if "browser" in report.keywords and (report.when == "call" or report.outcome != "passed"):
+        _BROWSER_OUTCOMES.append((report.nodeid, report.outcome))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name each browser test's outcome, so a log shows the search page was tested, not skipped."""
+    for nodeid, outcome in _BROWSER_OUTCOMES:
+        terminalreporter.write_line(f"browser test {outcome}: {nodeid}")
+
+
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
 

@@ -228,6 +228,7 @@ def _browser(profile: Path):
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
+@pytest.mark.browser
 def test_the_search_page_in_a_real_browser_shows_the_first_hit(served, retriever: Retriever, tmp_path: Path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
@@ -266,6 +267,7 @@ def test_the_search_page_in_a_real_browser_shows_the_first_hit(served, retriever
 HOSTILE_TITLE = '<script>window.injected = 1</script><img src="x" onerror="window.injected = 2"><b>bold</b>'
 
 
+@pytest.mark.browser
 def test_the_search_page_shows_markup_in_a_document_as_text(make_beir, tiny_st_model: Path, tmp_path: Path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
