@@ -42,9 +42,23 @@ def vectors() -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", SPECS)
-def test_a_build_in_small_batches_over_parts_equals_the_one_shot_index(vectors, tmp_path: Path, kind: str):
+def test_a_build_in_small_batches_over_parts_equals_the_one_shot_index(
+    vectors, tmp_path: Path, monkeypatch, kind: str
+):
     store = fake_store(tmp_path / "emb", vectors, parts=3)
-    build_index(store, SPECS[kind], tmp_path / "index", show_progress=False, add_batch=7)
+    real_memmap, mapped = np.memmap, []
+
+    def record(*args, **kwargs):
+        mapped.append(kwargs["shape"] if "shape" in kwargs else args[4])
+        return real_memmap(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(np, "memmap", record)
+        build_index(store, SPECS[kind], tmp_path / "index", show_progress=False, add_batch=7)
+    batches = [shape for shape in mapped if shape[0] <= 7]
+    assert sum(rows for rows, _ in batches) == len(vectors)  # every row through a map of one batch
+    if kind != "ivfpq":  # only training draws its sample from whole parts
+        assert batches == mapped
     streamed = SearchIndex.load(tmp_path / "index")
     one_shot = SearchIndex.from_vectors(vectors, store.ids(), SPECS[kind])
     assert streamed.rows == one_shot.rows == len(vectors)

@@ -5,8 +5,9 @@ The folder's identity is `encode`'s for the model the user names (its weights' f
 setting), the corpus's digest, one shard and no MaxP, plus `imported`: the digest of the vectors. So it
 is never taken for an encoding of another model or corpus, nor for one of `encode`'s (which refuses
 it), and an index built from it records which vectors it holds. Everything is checked from the file's
-header and the ids before the vectors are read; they are then copied in chunks from a memory map,
-hashed as they are written, into a folder that takes its place atomically.
+header and the ids before the vectors are read; they are then copied a chunk at a time, each read
+through a memory map of its own, hashed as they are written, into a folder that takes its place
+atomically.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from densekit.encoding.store import KIND, part_stem
 from densekit.io.artefact import MANIFEST, is_artefact, new_manifest
 from densekit.io.atomic import TEMPORARY, atomic_dir
 from densekit.io.fingerprint import file_digest
-from densekit.io.npy import NpyHeader, read_npy_header
+from densekit.io.npy import NpyHeader, iter_row_chunks, read_npy_header
 from densekit.io.outputs import OutputError, check_not_input
 from densekit.models.encoder import DenseEncoder
 from densekit.progress import progress_bar
@@ -140,9 +141,8 @@ def _nonblank(path: Path) -> Iterator[tuple[int, str]]:
 
 def _copy_vectors(source: Path, header: NpyHeader, target: Path, chunk_rows: int, show_progress: bool) -> str:
     """Copy the rows of `source` into a new little-endian, C-order float32 `.npy` at `target`, chunk by
-    chunk from a memory map, refusing a row holding NaN or an infinity; returns `target`'s digest."""
+    chunk (`iter_row_chunks`), refusing a row holding NaN or an infinity; returns `target`'s digest."""
     rows = header.shape[0]
-    matrix = np.load(source, mmap_mode="r")
     digest = hashlib.sha256()
     with target.open("wb") as out, progress_bar(f"importing {source.name}", rows, show_progress) as advance:
         head = io.BytesIO()
@@ -150,8 +150,8 @@ def _copy_vectors(source: Path, header: NpyHeader, target: Path, chunk_rows: int
         np.lib.format.write_array_header_1_0(head, layout)
         out.write(head.getvalue())
         digest.update(head.getvalue())
-        for start in range(0, rows, chunk_rows):
-            chunk = np.ascontiguousarray(matrix[start : start + chunk_rows], dtype="<f4")
+        for start, rows_read in iter_row_chunks(source, header, chunk_rows):
+            chunk = np.ascontiguousarray(rows_read, dtype="<f4")
             bad = ~np.isfinite(chunk).all(axis=1)
             if bad.any():
                 row = start + int(np.argmax(bad))

@@ -27,7 +27,7 @@ from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import differences, read_manifest
 from densekit.io.atomic import atomic_file, write_text_atomic
 from densekit.io.fingerprint import file_digest
-from densekit.io.npy import read_npy_header
+from densekit.io.npy import iter_row_chunks, read_npy_header
 
 KIND = "embeddings"
 PART_PATTERNS = ("part-*", ".part-*")  # what an embedding folder of densekit's holds
@@ -73,6 +73,16 @@ class EmbeddingPart:
             return np.load(path, mmap_mode="r" if mmap else None)
         except (ValueError, OSError, EOFError) as err:
             raise DataError([Problem(path, None, self._unreadable(path, err))]) from None
+
+    def row_chunks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+        """The part's vectors `rows` at a time, as (first row, array), each read through a memory map
+        of its own (`iter_row_chunks`), so that resident memory stays one chunk."""
+        path = self.stem.with_suffix(".npy")
+        try:
+            header = read_npy_header(path)
+        except (ValueError, OSError) as err:
+            raise DataError([Problem(path, None, self._unreadable(path, err))]) from None
+        yield from iter_row_chunks(path, header, rows)
 
     def _unreadable(self, path: Path, err: Exception) -> str:
         """Why numpy could not load the part's vectors, in words."""

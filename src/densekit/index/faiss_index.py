@@ -50,8 +50,8 @@ def build_index(
     check_memory: bool = True,
 ) -> Path:
     """Build an index of `spec` over `store` and save it atomically to `output`: trained on a sample,
-    filled `add_batch` vectors at a time from the memory-mapped parts, so only the index itself and one
-    batch are held in memory.
+    filled `add_batch` vectors at a time, each batch read through a memory map of its own, so only the
+    index itself and one batch are held in memory.
 
     `output` must be new, empty or an index folder densekit made; anything else is refused before
     any work, and so is an output that is, or holds, the embedding folder, and (with `check_memory`) an
@@ -77,9 +77,8 @@ def build_index(
     index = _empty_index(spec, dimension, sample)
     with progress_bar(f"indexing ({spec.type})", rows, show_progress) as advance:
         for part in store.parts:
-            vectors = part.vectors()
-            for start in range(0, len(vectors), add_batch):
-                batch = np.ascontiguousarray(vectors[start : start + add_batch], dtype=np.float32)
+            for start, rows_read in part.row_chunks(add_batch):
+                batch = np.ascontiguousarray(rows_read, dtype=np.float32)
                 _check_finite(batch, part.stem.with_suffix(".npy"), part.ids, start)
                 index.add(batch)
                 advance(len(batch))

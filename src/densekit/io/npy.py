@@ -1,10 +1,12 @@
 """A `.npy` file's header read on its own: shape, type and order, checked against the file's size, without
-loading or mapping the data, so that a file of many gigabytes is judged in microseconds."""
+loading or mapping the data, so that a file of many gigabytes is judged in microseconds; and its rows read
+a chunk at a time."""
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,3 +51,23 @@ def read_npy_header(path: Path | str) -> NpyHeader:
         raise ValueError(f"truncated: {size} bytes, fewer than the {needed} of the {header.describe()} array "
                          "its header announces")  # fmt: skip
     return header
+
+
+def iter_row_chunks(path: Path | str, header: NpyHeader, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """The rows of the 2-D `.npy` at `path` (whose header is `header`), `chunk_rows` at a time, as (first
+    row, a copy in memory). Each chunk is read through a memory map of its own bytes, dropped once copied,
+    so that the file's pages do not pile up in the process's resident memory however large it is; a
+    Fortran-order file, whose rows are spread over all of it, is mapped whole instead."""
+    rows, dimension = header.shape
+    if header.fortran_order:
+        whole = np.memmap(path, header.dtype, "r", header.offset, header.shape, order="F")
+        for start in range(0, rows, chunk_rows):
+            yield start, np.ascontiguousarray(whole[start : start + chunk_rows])
+        return
+    row_bytes = dimension * header.dtype.itemsize
+    for start in range(0, rows, chunk_rows):
+        count = min(chunk_rows, rows - start)
+        mapped = np.memmap(path, header.dtype, "r", header.offset + start * row_bytes, (count, dimension))
+        chunk = np.array(mapped)
+        del mapped  # unmapped now, before the next chunk is read
+        yield start, chunk
