@@ -157,8 +157,7 @@ def _copy_vectors(source: Path, header: NpyHeader, target: Path, chunk_rows: int
                 row = start + int(np.argmax(bad))
                 what = "NaN" if np.isnan(chunk[row - start]).any() else "an infinite value"
                 raise DataError([Problem(source, None, f"row {row} holds {what}")])
-            data = chunk.tobytes()
-            out.write(data)
-            digest.update(data)
+            out.write(chunk.data)
+            digest.update(chunk.data)
             advance(len(chunk))
     return f"sha256:{digest.hexdigest()}"
