@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -179,6 +180,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--requests", type=int, default=300, help="queries sent at each concurrency")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--serve-args", type=shlex.split, default=[], help="more options for `densekit "
+                        "serve`, as one string: --serve-args='--max-wait-ms 0 --precision bf16'")  # fmt: skip
     parser.add_argument("--overload-queue", type=int, help="also run the highest concurrency against a "
                         "service with --max-queued set to this, to count 429s")  # fmt: skip
     parser.add_argument("--k", type=int, default=10)
@@ -192,7 +195,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         key_file = Path(folder) / "key"
         key_file.write_text(TOKEN + "\n")
-        process, url = start_service(args, key_file)
+        process, url = start_service(args, key_file, *args.serve_args)
         try:
             info = httpx.get(f"{url}/info", headers={"Authorization": f"Bearer {TOKEN}"}).json()
             asyncio.run(load(url, queries[:16], 4, args.k))  # warm up
@@ -203,7 +206,9 @@ def main() -> None:
             process.wait(timeout=60)
         overload = None
         if args.overload_queue:
-            process, url = start_service(args, key_file, "--max-queued", str(args.overload_queue))
+            process, url = start_service(
+                args, key_file, *args.serve_args, "--max-queued", str(args.overload_queue)
+            )
             try:
                 asyncio.run(load(url, queries[:16], 4, args.k))
                 overload = asyncio.run(load(url, queries, max(args.concurrency), args.k, process.pid))
