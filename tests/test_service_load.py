@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from densekit.retrieval.retriever import Retriever
-from densekit.serving.app import Limits, create_app
+from densekit.serving.app import Batching, Limits, create_app
 from densekit.serving.batcher import MicroBatcher, Overloaded, TimedOut
 
 from .conftest import CORPUS, QUERIES
@@ -116,7 +116,7 @@ def test_a_request_past_its_timeout_gets_503_and_its_queries_are_never_encoded(r
     assert isinstance(answer, TimedOut) and answer.retry_after >= 1
     assert batches == 0
 
-    app = create_app(retriever, TOKEN, Limits(request_timeout_s=0.05), max_wait_ms=1000)
+    app = create_app(retriever, TOKEN, Limits(request_timeout_s=0.05), Batching(max_wait_ms=1000))
     with TestClient(app) as http:
         refused = http.post("/search", json={"query": "cats"}, headers=AUTH)
         embedded = http.post("/v1/embeddings", json={"input": "cats", "model": retriever.encoder.source},
@@ -142,7 +142,7 @@ def test_a_request_whose_client_leaves_is_not_encoded(retriever: Retriever):
 
 @pytest.mark.parametrize("max_queued", [4, 1024])
 def test_under_load_every_request_is_answered_200_or_429(retriever: Retriever, max_queued: int):
-    app = create_app(retriever, TOKEN, Limits(max_queued=max_queued), max_wait_ms=20)
+    app = create_app(retriever, TOKEN, Limits(max_queued=max_queued), Batching(max_wait_ms=20))
     texts = [q["text"] for q in QUERIES] * 16
     expected = {
         text: [h.id for h in hits] for text, hits in zip(texts, retriever.search(texts, k=3), strict=True)
@@ -183,3 +183,26 @@ def test_a_free_worker_takes_every_waiting_request_without_waiting_for_more(retr
     assert batches == 1  # all sixteen were waiting when the worker woke
     for [hits], own in zip(answers, retriever.search(texts, k=3), strict=True):
         assert [h.id for h in hits] == [h.id for h in own]
+
+
+def test_texts_gathered_together_are_encoded_a_few_at_a_time_to_the_same_hits(retriever: Retriever):
+    texts = [q["text"] * (1 + i % 3) for i, q in enumerate(QUERIES * 3)]  # of several lengths
+
+    async def together(encode_batch: int) -> tuple[list, list]:
+        batcher = MicroBatcher(max_batch=64, max_wait_ms=0, encode_batch=encode_batch)
+        await batcher.start()
+        hits = await asyncio.gather(*(batcher.search(retriever, [t], 3) for t in texts))
+        vectors = await batcher.embed(retriever, texts, "passage")
+        await batcher.stop()
+        return hits, vectors.vectors
+
+    alone = retriever.search(texts, k=3)
+    for encode_batch in (1, 3, 64):
+        hits, vectors = asyncio.run(together(encode_batch))
+        for [served], own in zip(hits, alone, strict=True):
+            assert [h.id for h in served] == [h.id for h in own]
+            assert [h.score for h in served] == pytest.approx([h.score for h in own], abs=1e-5)
+        from densekit.encoding.embed import embed_texts
+
+        expected = embed_texts(retriever.encoder, texts, "passage")
+        assert abs(vectors - expected).max() < 1e-5

