@@ -7,8 +7,8 @@ lost requests (no HTTP answer at all: a dropped connection or a client timeout),
 after the service's Retry-After, so every query is answered in the end), the server process's own CPU
 time and share of the machine (so the load generator's is not counted against it), and the ratio to
 `Retriever.search` called in-process on the same queries one at a time and in batches of 32. With
---overload-queue N, a second service with `--max-queued N` takes the highest concurrency, to count the
-429 path. Also takes the screenshot of the search page for docs/ (with --screenshot).
+--overload-queue N, a second service with `--max-queued N --max-queries N` takes the highest concurrency
+(its single-query requests fit any queue), to count the 429 path. Also takes the screenshot of the search page for docs/ (with --screenshot).
 
     python -m benchmarks.serving --model sentence-transformers/all-MiniLM-L6-v2 \\
         --index runs/bench/scifact/index --data ../shared/data/scifact --requests 300
@@ -207,7 +207,13 @@ def main() -> None:
         overload = None
         if args.overload_queue:
             process, url = start_service(
-                args, key_file, *args.serve_args, "--max-queued", str(args.overload_queue)
+                args,
+                key_file,
+                *args.serve_args,
+                "--max-queued",
+                str(args.overload_queue),
+                "--max-queries",
+                str(args.overload_queue),
             )
             try:
                 asyncio.run(load(url, queries[:16], 4, args.k))

@@ -83,7 +83,7 @@ def test_the_openai_client_hears_each_refusal_in_its_own_shape(service: str):
 
 def test_embeddings_are_held_to_the_search_limits(served, retriever: Retriever):
     name = str(served[2])
-    with client(retriever, max_queries=2, max_query_chars=40) as http:
+    with client(retriever, max_queries=2, max_query_chars=10, max_input_chars=40) as http:
 
         def embed(body: dict):
             return http.post("/v1/embeddings", json=body, headers=AUTH)
@@ -91,9 +91,11 @@ def test_embeddings_are_held_to_the_search_limits(served, retriever: Retriever):
         too_many = embed({"input": ["a", "b", "c"], "model": name})
         too_long = embed({"input": "y" * 41, "model": name})
         unknown_field = embed({"input": "a", "model": name, "extra": 1})
+        past_the_query_limit = embed({"input": "y" * 40, "model": name})  # a passage is longer than a query
     assert too_many.status_code == 422 and "3 inputs: send 1 to 2" in too_many.json()["error"]["message"]
     assert too_long.status_code == 422 and "41 characters" in too_long.json()["error"]["message"]
     assert unknown_field.status_code == 422 and "extra" in unknown_field.json()["error"]["message"]
+    assert past_the_query_limit.status_code == 200
 
 
 def test_a_served_module_is_an_embeddings_model_of_its_own(served, tmp_path: Path):

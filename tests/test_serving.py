@@ -401,3 +401,9 @@ def test_serve_picks_bf16_only_where_the_cpu_computes_it(served, tmp_path: Path)
     chosen, reason = fastest_precision(cpu)
     assert (info["query_precision"], info["precision_reason"]) == (chosen, f"auto: {reason}")
     assert info["backend"] == "torch"
+
+
+def test_serve_refuses_a_queue_smaller_than_one_request(served, capsys):
+    _, index, model = served
+    code, err, _ = cli(capsys, "serve", model, index, "--max-queued", "16")
+    assert code == 2 and "--max-queued 16 is below --max-queries 64" in err

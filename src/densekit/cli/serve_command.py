@@ -93,9 +93,10 @@ def serve(
     max_queries: Annotated[
         int, typer.Option(min=1, help="Most queries (or /v1/embeddings inputs) in one request.")
     ] = 64,
-    max_query_chars: Annotated[
-        int, typer.Option(min=1, help="Longest query (or /v1/embeddings input), in characters.")
-    ] = 2000,
+    max_query_chars: Annotated[int, typer.Option(min=1, help="Longest /search query, in characters.")] = 2000,
+    max_input_chars: Annotated[
+        int, typer.Option(min=1, help="Longest /v1/embeddings input (a passage, say), in characters.")
+    ] = 100_000,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body.")] = 1_000_000,
     max_queued: Annotated[
         int, typer.Option(min=1, help="Texts that may wait to be encoded; past it, 429 with Retry-After.")
@@ -127,14 +128,19 @@ def serve(
     from densekit.retrieval.retriever import Retriever
     from densekit.serving.app import Batching, Limits, create_app
 
+    if max_queued < max_queries:
+        raise ValueError(
+            f"--max-queued {max_queued} is below --max-queries {max_queries}: a request of more texts than "
+            "the queue holds would be refused as busy however long it waited"
+        )
     api_key = read_api_key(api_key_file)
     if api_key is None and not _is_loopback(host):
         raise ValueError(
             f"--host {host} is reachable from other machines: give a token with --api-key-file or "
             f"{API_KEY_VARIABLE}"
         )
-    limits = Limits(max_query_chars=max_query_chars, max_k=max_k, max_queries=max_queries,
-                    max_body_bytes=max_body_bytes, max_queued=max_queued,
+    limits = Limits(max_query_chars=max_query_chars, max_input_chars=max_input_chars, max_k=max_k,
+                    max_queries=max_queries, max_body_bytes=max_body_bytes, max_queued=max_queued,
                     request_timeout_s=request_timeout or None)  # fmt: skip
     extra = [_module_and_index(text) for text in module_index or []]
     retrievers = [Retriever.open(model, index_dir, corpus, module, device, show_progress=True)]

@@ -31,12 +31,14 @@ OPENAI_PREFIX = "/v1/"
 class Limits(BaseModel):
     """What one request may ask (past a limit it gets 413 for its body, 422 for the rest), how many texts
     may wait to be encoded (past it, 429 with Retry-After) and how long a request may wait for its
-    answer (past it, 503 with Retry-After; None: no limit). `max_queries` and `max_query_chars` hold for
-    `/v1/embeddings` inputs too."""
+    answer (past it, 503 with Retry-After; None: no limit). `max_queries` holds for `/v1/embeddings`
+    inputs too; their length limit is `max_input_chars`, long enough for passages (the model truncates
+    them to its token limit; the limit only bounds the tokenizer's work)."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_query_chars: int = Field(2000, ge=1)
+    max_input_chars: int = Field(100_000, ge=1)
     max_k: int = Field(1000, ge=1)
     max_queries: int = Field(64, ge=1)
     max_body_bytes: int = Field(1_000_000, ge=1)
@@ -203,7 +205,7 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         texts = [request.query] if isinstance(request.query, str) else request.query
         k = request.k if request.k is not None else min(10, limits.max_k)
         _check_k(k, limits)
-        _check_texts(texts, limits, "query", "queries")
+        _check_texts(texts, limits.max_queries, limits.max_query_chars, "query", "queries")
         chosen = retriever if request.module is None else by_module.get(request.module)
         if chosen is None:
             names = ", ".join(repr(name) for name in by_module if name is not None) or "none"
@@ -225,7 +227,7 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
             raise HTTPException(404, str(err)) from None
         except ValueError as err:
             raise _LimitError(str(err)) from None
-        _check_texts(texts, limits, "input", "inputs")
+        _check_texts(texts, limits.max_queries, limits.max_input_chars, "input", "inputs")
         dimension = chosen.retriever.encoder.dimension
         if request.dimensions is not None and request.dimensions != dimension:
             raise _LimitError(f"dimensions={request.dimensions}: this model gives {dimension}")
@@ -326,15 +328,13 @@ def _check_k(k: int, limits: Limits) -> None:
         raise _LimitError(f"k={k}: ask for 1 to {limits.max_k} hits")
 
 
-def _check_texts(texts: list[str], limits: Limits, what: str, many: str) -> None:
-    """`texts` (a request's queries or inputs: `what`, `many` of them) within the limits: their count and
-    length, none empty."""
-    if not 1 <= len(texts) <= limits.max_queries:
-        raise _LimitError(f"{len(texts)} {many}: send 1 to {limits.max_queries} in one request")
+def _check_texts(texts: list[str], most: int, longest: int, what: str, many: str) -> None:
+    """`texts` (a request's queries or inputs: `what`, `many` of them) within the limits: at most `most`
+    of them, none longer than `longest` characters, none empty."""
+    if not 1 <= len(texts) <= most:
+        raise _LimitError(f"{len(texts)} {many}: send 1 to {most} in one request")
     for number, text in enumerate(texts):
-        if len(text) > limits.max_query_chars:
-            raise _LimitError(
-                f"{what} {number}: {len(text)} characters, over the limit of {limits.max_query_chars}"
-            )
+        if len(text) > longest:
+            raise _LimitError(f"{what} {number}: {len(text)} characters, over the limit of {longest}")
         if not text.strip():
             raise _LimitError(f"{what} {number} is empty")

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from densekit.retrieval.retriever import Retriever
 
-KIND_SUFFIXES = {"query": "query", "passage": "passage"}  # `<model>:query`, `<model>:passage`
+KINDS = ("query", "passage")  # the suffixes of a model name: `<model>:query`, `<model>:passage`
 DEFAULT_KIND = "passage"
 TOKEN_IDS_REFUSED = (
     "input: token ids are not accepted, send texts (LangChain: OpenAIEmbeddings(..., "
@@ -85,8 +85,8 @@ def served_names(model_name: str, retrievers: list[Retriever]) -> dict[str, Retr
 def resolve_model(name: str, names: dict[str, Retriever]) -> ServedName:
     """The retriever and input kind of `name`: a base name, or one with a `:query` or `:passage` suffix."""
     base, sep, suffix = name.rpartition(":")
-    if sep and suffix in KIND_SUFFIXES and base in names:
-        return ServedName(names[base], KIND_SUFFIXES[suffix])  # type: ignore[arg-type]
+    if sep and suffix in KINDS and base in names:
+        return ServedName(names[base], suffix)  # type: ignore[arg-type]
     if name in names:
         return ServedName(names[name], DEFAULT_KIND)  # type: ignore[arg-type]
     listed = ", ".join(repr(n) for n in model_list(names))
@@ -95,7 +95,7 @@ def resolve_model(name: str, names: dict[str, Retriever]) -> ServedName:
 
 def model_list(names: dict[str, Retriever]) -> list[str]:
     """Every model name a request may give, suffixed ones included."""
-    return [full for base in names for full in (base, *(f"{base}:{suffix}" for suffix in KIND_SUFFIXES))]
+    return [full for base in names for full in (base, *(f"{base}:{kind}" for kind in KINDS))]
 
 
 def request_texts(request: EmbeddingsRequest) -> list[str]:
