@@ -8,7 +8,8 @@ after the service's Retry-After, so every query is answered in the end), the ser
 time and share of the machine (so the load generator's is not counted against it), and the ratio to
 `Retriever.search` called in-process on the same queries one at a time and in batches of 32. With
 --overload-queue N, a second service with `--max-queued N --max-queries N` takes the highest concurrency
-(its single-query requests fit any queue), to count the 429 path. Also takes the screenshot of the search page for docs/ (with --screenshot).
+(its single-query requests fit any queue), to count the 429 path. Also takes the screenshot of the
+search page for docs/ (with --screenshot).
 
     python -m benchmarks.serving --model sentence-transformers/all-MiniLM-L6-v2 \\
         --index runs/bench/scifact/index --data ../shared/data/scifact --requests 300
