@@ -68,7 +68,7 @@ def test_a_batch_holds_each_querys_pairs_positive_first(collection, tiny_model: 
     assert batch.size == 4 and len(batch.pairs) == 12
     tokenizer = task.module.tokenizer
     first = int(local_batch_rows(len(task.examples), 4, 0, 0, task.config.seed)[0])
-    positive, negatives = task.sampler.group(first, 0)
+    [positive], negatives = task.sampler.group(first, 0)
     decoded = tokenizer.decode(batch.pairs[0]["input_ids"], skip_special_tokens=True)
     assert decoded.endswith(tokenizer.decode(tokenizer(task.texts[positive])["input_ids"][1:-1]))
     assert positive in task.examples[first].positives and negatives[0] in task.examples[first].negatives

@@ -100,9 +100,9 @@ def test_each_query_gets_its_own_groups_teacher_scores_positive_first(scored, st
     task = make_task(make_config(scored, still_model, optim={"batch_size": 8}, loss={"distillation": "kl"}))
     batch = task.batch(2, 0)
     for row, index in enumerate(local_batch_rows(len(task.examples), 8, 2, 0, task.config.seed)):
-        positive, negatives = task.sampler.group(int(index), 2)
+        documents = task.sampler.group(int(index), 2).documents
         scores = task.examples[int(index)].teacher_scores
-        assert batch.teacher[row].tolist() == pytest.approx([scores[d] for d in [positive, *negatives]])
+        assert batch.teacher[row].tolist() == pytest.approx([scores[d] for d in documents])
 
 
 def test_two_processes_distil_like_one(scored, still_model: Path, tmp_path: Path):

@@ -62,8 +62,8 @@ def test_the_task_groups_by_the_longest_passage_of_each_examples_group(collectio
     grouping = task.length_grouping(0)
     assert grouping is not None and grouping.bucket_batches == 2
     for index in (0, len(task.examples) - 1):
-        positive, negatives = task.sampler.group(index, 0)
-        counts = task.encoder.tokenize([task.texts[d] for d in [positive, *negatives]], "passage")
+        documents = task.sampler.group(index, 0).documents
+        counts = task.encoder.tokenize([task.texts[d] for d in documents], "passage")
         assert grouping.lengths[index] == max(len(ids) for ids in counts)
     steps = task.steps_per_epoch()
     rows = [global_batch_rows(len(task.examples), 4, 0, step, config.seed, grouping) for step in range(steps)]

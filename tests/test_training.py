@@ -416,7 +416,7 @@ def overlapping_task(tmp_path: Path, model: Path, mask: bool = True) -> Contrast
 def test_known_positives_are_left_out_of_a_querys_negatives(tmp_path: Path, still_model: Path):
     task = overlapping_task(tmp_path, still_model)
     rows = global_batch_rows(3, 3, 0, 0, task.config.seed)
-    layout = [[*task.sampler.group(int(r), 0)] for r in rows]  # each query's [positive, negative]
+    layout = [task.sampler.group(int(r), 0).documents for r in rows]  # each query's [positive, negative]
     passages = [doc for group in layout for doc in group]
     query = {task.examples[int(r)].query_id: i for i, r in enumerate(rows)}
     mask = task.batch(0, 0).false_negatives

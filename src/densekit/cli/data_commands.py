@@ -1,4 +1,4 @@
-"""Sub-commands about data: validate, split-queries, evaluate."""
+"""Sub-commands about data: validate, split-queries, pseudo-queries, evaluate."""
 
 from __future__ import annotations
 
@@ -111,8 +111,46 @@ def split_queries(
     console.print(f"{output}: {FIT} {made.fit} queries, {HELD_OUT} {made.held_out} ({state})")
 
 
+def pseudo_queries(
+    data_dir: Annotated[Path, typer.Argument(help="A BEIR or MS MARCO-style collection folder.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The training file to write (JSONL).")],
+    method: Annotated[
+        str, typer.Option(help="span (a crop of the text), title, or lead (the first sentence).")
+    ] = "span",
+    words: Annotated[str, typer.Option(help="span: crop lengths in words, as min-max.")] = "8-24",
+    per_document: Annotated[int, typer.Option(min=1, help="span: crops per document.")] = 1,
+    max_documents: Annotated[
+        int | None, typer.Option(min=1, help="Draw from this many documents, chosen at random.")
+    ] = None,
+    domain: Annotated[
+        str | None, typer.Option(help="The collection's domain, written into every example (routing).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the crops and the draw.")] = 0,
+) -> None:
+    """Make training examples from the corpus alone: each pseudo-query (a span of a document, its title
+    or its first sentence) has its document as the one positive. Add negatives with `densekit mine
+    --examples OUTPUT`. Writes the file atomically, and a report of what each document gave beside it."""
+    from densekit.data.dataset import Dataset
+    from densekit.data.pseudo_queries import PseudoQuerySettings, write_pseudo_queries
+
+    low, sep, high = words.partition("-")
+    if not sep or not low.isdigit() or not high.isdigit():
+        raise ValueError(f"--words {words!r} is not of the form min-max, e.g. 8-24")
+    settings = PseudoQuerySettings(
+        method=method, per_document=per_document, min_words=int(low), max_words=int(high),
+        max_documents=max_documents, seed=seed, domain=domain,
+    )  # fmt: skip
+    summary = write_pseudo_queries(Dataset.open(data_dir), settings, output)
+    skipped = ", ".join(f"{n} {why}" for why, n in summary["documents_without_query"].items()) or "none"
+    console.print(
+        f"{output}: {summary['queries']} pseudo-queries from {summary['documents']} documents "
+        f"(documents without one: {skipped})"
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add these sub-commands to `app`."""
     app.command("validate")(validate)
     app.command("split-queries")(split_queries)
+    app.command("pseudo-queries")(pseudo_queries)
     app.command("evaluate")(evaluate_command)

@@ -91,6 +91,13 @@ def mine(
     data_dir: DataDirArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="The training file to write (JSONL).")],
     split: Annotated[str, typer.Option(help="The qrels split whose queries are mined for.")] = "train",
+    examples: Annotated[
+        Path | None,
+        typer.Option(
+            help="Mine for the queries and positives of this training file instead of a split's "
+            "judgements (e.g. `densekit pseudo-queries`); its negatives are replaced."
+        ),
+    ] = None,
     source: Annotated[
         str, typer.Option(help="bm25, dense (needs --model), or none (judged positives only).")
     ] = "bm25",
@@ -125,7 +132,8 @@ def mine(
     device: DeviceOpt = "auto",
     progress: ProgressOpt = True,
 ) -> None:
-    """Build training examples from judgements, with hard negatives mined by BM25 or a dense model.
+    """Build training examples from judgements (or an examples file), with hard negatives mined by BM25
+    or a dense model.
 
     Writes the file atomically and a report of what each filter removed beside it (FILE.report.json).
     """
@@ -163,6 +171,7 @@ def mine(
         batch_size,
         progress,  # type: ignore[arg-type]
         domain,
+        examples,
     )
     Console(stderr=True).print_json(data=report)
 

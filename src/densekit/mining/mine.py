@@ -1,4 +1,5 @@
-"""`densekit mine`: training examples from a split's judgements plus negatives from a retriever."""
+"""`densekit mine`: training examples (a split's judgements, or an examples file such as pseudo-queries)
+with negatives from a retriever."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from typing import Literal
 import numpy as np
 
 from densekit.data.dataset import Dataset
-from densekit.data.examples import EXAMPLES_KIND, TrainingExample, examples_from_qrels, write_examples
+from densekit.data.examples import (
+    EXAMPLES_KIND,
+    TrainingExample,
+    check_example_ids,
+    examples_from_qrels,
+    read_examples,
+    write_examples,
+)
 from densekit.data.records import Run
 from densekit.encoding.embed import embed_texts
 from densekit.index import SearchIndex
@@ -91,19 +99,24 @@ def mine(
     batch_size: int = 64,
     show_progress: bool = True,
     domain: str | None = None,
+    examples_file: Path | None = None,
 ) -> dict:
-    """Write examples for `split` to `output` atomically, with a report beside it; returns the report.
-    Every example carries `domain` when given.
+    """Write examples for `split` (or for the queries and positives of `examples_file`, whose negatives
+    are replaced) to `output` atomically, with a report beside it; returns the report. Every example
+    carries `domain` when given.
 
     A saved index (`index_dir`) must have been built by `encoder` from this collection's corpus.
     """
-    inputs = [dataset.root, *([index_dir] if index_dir is not None else [])]
+    inputs = [dataset.root, *(p for p in (index_dir, examples_file) if p is not None)]
     if encoder is not None:
         inputs.append(encoder.source)
     check_file_output(output, EXAMPLES_KIND, inputs)
     check_file_output(report_path(output), REPORT_KIND, inputs)
-    queries, qrels = dataset.split_queries(split)
-    examples = examples_from_qrels(queries, qrels, min_relevance, domain)
+    if examples_file is not None:
+        examples = _examples_to_mine(dataset, examples_file, domain)
+    else:
+        queries, qrels = dataset.split_queries(split)
+        examples = examples_from_qrels(queries, qrels, min_relevance, domain)
     if source == "none":
         write_examples(output, examples, inputs)
         report = {"source": "none", "queries": len(examples), "negatives_written": 0}
@@ -136,3 +149,14 @@ def mine(
     report = tally.as_dict(settings, source)
     write_report(output, report, inputs)
     return report
+
+
+def _examples_to_mine(dataset: Dataset, path: Path, domain: str | None) -> list[TrainingExample]:
+    """The examples of `path` without their negatives (and of `domain` when given), every positive
+    checked against the corpus before any mining."""
+    examples = read_examples(path, dataset.diagnostics)
+    dataset.diagnostics.raise_if_errors()
+    check_example_ids(path, examples, {doc.id for doc in dataset.iter_corpus()}, dataset.diagnostics)
+    dataset.diagnostics.raise_if_errors()
+    update = {"negatives": [], **({"domain": domain} if domain is not None else {})}
+    return [example.model_copy(update=update) for example in examples]

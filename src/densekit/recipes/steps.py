@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from densekit.configuration import dump_config, validate_config
 from densekit.data.dataset import Dataset
+from densekit.data.pseudo_queries import PseudoQuerySettings, write_pseudo_queries
 from densekit.data.query_split import split_judged_queries
 from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.diagnostics import Diagnostics
@@ -60,6 +61,7 @@ class MineStep(Step):
     type: Literal["mine"]
     data: str
     split: str = "train"
+    examples: str | None = Field(None, description="mine for this file's queries instead of the split's")
     output: str
     source: Literal["bm25", "dense", "none"] = "bm25"
     model: str | None = None
@@ -69,14 +71,32 @@ class MineStep(Step):
     domain: str | None = None
 
     def inputs(self) -> list[str]:
-        return [self.data, *(p for p in (self.model, self.index) if p is not None)]
+        return [self.data, *(p for p in (self.model, self.index, self.examples) if p is not None)]
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Mine and write the training file."""
         encoder = DenseEncoder.load(self.model).to(resolve_device(device)) if self.model else None
         index = Path(self.index) if self.index else None
+        examples = Path(self.examples) if self.examples else None
         mine(Dataset.open(self.data), self.split, Path(self.output), self.source, self.settings, encoder,
-             index, batch_size=self.batch_size, show_progress=show_progress, domain=self.domain)  # fmt: skip
+             index, batch_size=self.batch_size, show_progress=show_progress, domain=self.domain,
+             examples_file=examples)  # fmt: skip
+
+
+class PseudoQueriesStep(Step):
+    """`densekit pseudo-queries`: training examples from a collection's corpus alone."""
+
+    type: Literal["pseudo_queries"]
+    data: str
+    output: str
+    settings: PseudoQuerySettings = PseudoQuerySettings()
+
+    def inputs(self) -> list[str]:
+        return [self.data]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
+        """Write the pseudo-queries."""
+        write_pseudo_queries(Dataset.open(self.data), self.settings, Path(self.output))
 
 
 class SplitQueriesStep(Step):
@@ -362,7 +382,7 @@ STEP_TYPES: dict[str, type[Step]] = {
     "mine": MineStep, "pretrain": PretrainStep, "train": TrainStep, "encode": EncodeStep, "index": IndexStep,
     "search": SearchStep, "bm25": BM25Step, "evaluate": EvaluateStep, "rerank": RerankStep,
     "train_cross_encoder": TrainCrossEncoderStep, "score": ScoreStep, "fuse": FuseStep,
-    "split_queries": SplitQueriesStep,
+    "split_queries": SplitQueriesStep, "pseudo_queries": PseudoQueriesStep,
 }  # fmt: skip
 
 

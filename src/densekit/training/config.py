@@ -41,7 +41,16 @@ class DataSection(Section):
 
     path: str = Field(description="the collection folder whose corpus the examples' ids refer to")
     train: str = Field(description="training examples (JSONL), e.g. from `densekit mine`")
-    group_size: int = Field(2, ge=1, description="passages per query: 1 positive + group_size-1 negatives")
+    group_size: int = Field(
+        2, ge=1, description="passages per query: data.positives positives + the rest hard negatives"
+    )
+    positives: int = Field(
+        1,
+        ge=1,
+        description="positives per group, first in it: each epoch takes the next of the example's positives "
+        "(a seeded order), cycling them when it has fewer; more than 1 needs loss.multi_positive (queries "
+        "with many judged documents, as NFCorpus's ~40 per training query)",
+    )
     shortfall: Shortfall = Field(
         "error", description="examples with too few negatives: error, repeat, random"
     )
@@ -68,6 +77,15 @@ class DataSection(Section):
     )
 
     @model_validator(mode="after")
+    def _positives_fit(self) -> DataSection:
+        if self.positives > self.group_size:
+            raise ValueError(
+                f"data.positives {self.positives} is more than data.group_size {self.group_size}: a group "
+                "holds its positives and then its negatives"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _one_grouping(self) -> DataSection:
         if self.batches == "by_domain" and self.length_grouping is not None:
             raise ValueError(
@@ -89,6 +107,13 @@ class LossSection(Section):
     mask_false_negatives: bool = Field(
         True,
         description="leave a query's other known positives (and copies of its positive) out of its negatives",
+    )
+    multi_positive: bool = Field(
+        False,
+        description="a query's loss is the mean of one InfoNCE term per distinct known positive in the batch "
+        "(its group's data.positives and any other passage among its positives, a repeat counted once), each "
+        "against the batch's passages that are not its positives; false: its group's first passage is the "
+        "one target. For queries with many judged positives (NFCorpus), with data.positives > 1",
     )
 
     distillation: Literal["none", "margin_mse", "kl"] = Field(
@@ -287,6 +312,21 @@ class TrainConfig(RunConfig):
             raise ValueError(
                 "hypernetwork: set data.batches to by_domain (each batch trains one domain's module)"
             )
+        if self.data.positives > 1 and not self.loss.multi_positive:
+            raise ValueError(
+                "data.positives > 1 needs loss.multi_positive: with one target per query, the group's other "
+                "positives would only be masked out of its negatives"
+            )
+        if self.data.positives > 1 and self.loss.distillation != "none":
+            raise ValueError(
+                "data.positives > 1 with loss.distillation: the teacher's scores are compared group by group "
+                "with one positive first; use data.positives 1"
+            )
+        if self.loss.multi_positive and not self.loss.mask_false_negatives:
+            raise ValueError(
+                "loss.multi_positive leaves every known positive of a query out of the negatives of each of "
+                "its terms; it does not combine with loss.mask_false_negatives false"
+            )
         if self.ance.enabled and self.data.collections:
             raise ValueError("ance with data.collections: the inferencer indexes data.path's corpus only")
         routed = self.route is not None or self.hypernetwork is not None
@@ -362,6 +402,11 @@ class CrossEncoderTrainConfig(RunConfig):
             raise ValueError("grad_cache does not apply to a cross-encoder: set chunk_size to bound memory")
         if self.data.group_size < 2:
             raise ValueError("data.group_size must be at least 2: the listwise loss needs a negative")
+        if self.data.positives > 1:
+            raise ValueError(
+                "data.positives > 1 does not apply to a cross-encoder: its listwise loss has one positive "
+                "per group"
+            )
         if self.data.passage_embeddings:
             raise ValueError("data.passage_embeddings does not apply to a cross-encoder: it reads each query "
                              "and passage together")  # fmt: skip

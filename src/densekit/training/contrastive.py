@@ -8,6 +8,12 @@ own positive as the target, scores divided by the temperature.
 False negatives: a passage that is one of the query's known positives (another of its judged
 documents, or a copy of its own positive in another query's group) is not a negative. With
 `loss.mask_false_negatives` (the default) such passages are left out of the query's softmax.
+
+Several positives (`loss.multi_positive`, with `data.positives` of them first in each group): the
+query's loss is the mean, over the distinct known positives of it among the batch's passages, of one
+InfoNCE term each, -s_ij + logsumexp over j and every passage that is not a known positive of the
+query. A document that is there several times (a repeated positive, or a copy in another group)
+has one term, on its first column in the query's own group, else its first in the batch.
 """
 
 from __future__ import annotations
@@ -48,14 +54,17 @@ class ContrastiveBatch:
     queries: dict[str, torch.Tensor]
     passages: dict[str, torch.Tensor]
     group_size: int
-    # (queries x passages) True where a passage is one of the query's known positives but not its
-    # target, over the whole global batch when negatives are gathered across processes; None: no mask
+    # (queries x passages) True where a passage is one of the query's known positives but not one of
+    # its targets, over the whole global batch when negatives are gathered across processes; None: none
     false_negatives: torch.Tensor | None = None
     # (queries x group_size) the teacher's score of each query's group, positive first; None: no
     # distillation
     teacher: torch.Tensor | None = None
     # the batch's one domain, with domain batching; None otherwise
     domain: str | None = None
+    # (queries x passages), with loss.multi_positive: True at the column of each distinct known positive
+    # of the query (its targets), over the same batch as false_negatives; None: its first passage alone
+    positives: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -70,12 +79,15 @@ def contrastive_loss(
     temperature: float,
     cross_device: bool,
     false_negatives: torch.Tensor | None = None,
+    positives: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """InfoNCE of each query against every passage (gathered across processes when `cross_device`).
 
     Query i's positive is passage i·group_size; passages where `false_negatives` is True (for the
-    gathered batch when `cross_device`) are left out of the query's softmax. Under several processes
-    the loss is weighted for the average of gradients that follows (`distributed.gathered_loss_weight`).
+    gathered batch when `cross_device`) are left out of the query's softmax. With `positives`, a
+    (queries x passages) mask of each query's targets instead, the loss is `multi_positive_loss`. Under
+    several processes the loss is weighted for the average of gradients that follows
+    (`distributed.gathered_loss_weight`).
     """
     if cross_device:
         queries, passages = distributed.gather_with_grad(queries), distributed.gather_with_grad(passages)
@@ -83,10 +95,33 @@ def contrastive_loss(
         queries, passages = queries.float(), passages.float()
     scores = queries @ passages.T / temperature
     if false_negatives is not None:
-        scores = scores.masked_fill(false_negatives.to(scores.device), float("-inf"))
-    targets = torch.arange(scores.shape[0], device=scores.device) * group_size
-    loss = F.cross_entropy(scores, targets)
+        false_negatives = false_negatives.to(scores.device)
+    if positives is not None:
+        loss = multi_positive_loss(scores, positives.to(scores.device), false_negatives)
+    else:
+        if false_negatives is not None:
+            scores = scores.masked_fill(false_negatives, float("-inf"))
+        targets = torch.arange(scores.shape[0], device=scores.device) * group_size
+        loss = F.cross_entropy(scores, targets)
     return loss * distributed.gathered_loss_weight() if cross_device else loss
+
+
+def multi_positive_loss(
+    scores: torch.Tensor, positives: torch.Tensor, false_negatives: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The mean over queries of the mean over each query's targets j of -s_ij + logsumexp over j and
+    the query's negatives; `scores` is (queries x passages), already divided by the temperature.
+
+    `positives` marks each query's targets (at least one per query), `false_negatives` its other
+    known positives: neither is a negative of any of its terms. A query with no negative at all in
+    the batch has a loss of 0.
+    """
+    known = positives if false_negatives is None else positives | false_negatives
+    negatives = torch.logsumexp(scores.masked_fill(known, float("-inf")), dim=1)
+    # -s + log(e^s + e^n) = softplus(n - s), with n the logsumexp of the query's negatives
+    terms = F.softplus(negatives[:, None] - scores)
+    per_query = torch.where(positives, terms, 0.0).sum(dim=1) / positives.sum(dim=1)
+    return per_query.mean()
 
 
 def group_scores(queries: torch.Tensor, passages: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -174,39 +209,56 @@ class ContrastiveTask(GroupedExamplesTask):
         query_texts, passage_ids, teacher = [], [], []
         for index in rows:
             example = self.examples[int(index)]
-            positive, negatives = self.sampler.group(int(index), epoch)
+            documents = self.sampler.group(int(index), epoch).documents
             query_texts.append(example.query)
-            passage_ids.extend([positive, *negatives])
+            passage_ids.extend(documents)
             if self.config.loss.distillation != "none":
-                teacher.append(_teacher_scores(example, [positive, *negatives]))
+                teacher.append(_teacher_scores(example, documents))
         if self.passage_vectors is not None:
             passages = {VECTORS: self.passage_vectors(passage_ids)}
         else:
             texts = [self.texts[doc_id] for doc_id in passage_ids]
             passages = self.encoder.pad(self.encoder.tokenize(texts, "passage"))
+        loss = self.config.loss
+        targets, false_negatives = (
+            self.known_positives(epoch, step) if loss.mask_false_negatives else (None, None)
+        )
         return ContrastiveBatch(
             self.encoder.pad(self.encoder.tokenize(query_texts, "query")),
             passages,
             self.config.data.group_size,
-            self.false_negatives(epoch, step) if self.config.loss.mask_false_negatives else None,
+            false_negatives if false_negatives is not None and bool(false_negatives.any()) else None,
             torch.tensor(teacher, dtype=torch.float32) if teacher else None,
             self.examples[int(rows[0])].domain if self.config.data.batches == "by_domain" else None,
+            targets if loss.multi_positive else None,
         )
 
     def group_lengths(self, epoch: int) -> np.ndarray:
         """Each example's length in `epoch`: the token count (after truncation) of the longest passage
         of its group, which is what the batch is padded to."""
-        groups = [self.sampler.group(i, epoch) for i in range(len(self.examples))]
-        unknown = sorted({d for p, negs in groups for d in [p, *negs]} - self._token_counts.keys())
+        groups = [self.sampler.group(i, epoch).documents for i in range(len(self.examples))]
+        unknown = sorted({d for documents in groups for d in documents} - self._token_counts.keys())
         counts = self.encoder.tokenize([self.texts[d] for d in unknown], "passage") if unknown else []
         self._token_counts.update((d, len(ids)) for d, ids in zip(unknown, counts, strict=True))
-        return np.array([max(self._token_counts[d] for d in [p, *negs]) for p, negs in groups])
+        return np.array([max(self._token_counts[d] for d in documents) for documents in groups])
 
     def false_negatives(self, epoch: int, step: int) -> torch.Tensor | None:
-        """Where a passage of the batch is a known positive of a query other than its target: over the
-        global batch when negatives are gathered across processes, else this process's part; None
-        when there is no such passage. Every process computes it alike from (seed, epoch, step)."""
-        optim = self.config.optim
+        """Where a passage of the batch is a known positive of a query other than one of its targets
+        (`known_positives`); None when there is no such passage."""
+        mask = self.known_positives(epoch, step)[1]
+        return mask if bool(mask.any()) else None
+
+    def known_positives(self, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the batch's passages are its queries' known positives, as two (queries x passages)
+        masks: each query's targets, and its other known positives (the false negatives). Over the
+        global batch when negatives are gathered across processes, else this process's part; every
+        process computes them alike from (seed, epoch, step).
+
+        The target is the query's first passage, or with `loss.multi_positive` one column per
+        distinct known positive in the batch: its first in the query's own group, else its first in
+        the batch; every other column holding it is a false negative.
+        """
+        optim, size = self.config.optim, self.config.data.group_size
         rows = global_batch_rows(
             len(self.examples), optim.batch_size, epoch, step, self.config.seed, self.grouping(epoch)
         )
@@ -215,15 +267,20 @@ class ContrastiveTask(GroupedExamplesTask):
             rows = rows[distributed.rank() * local : (distributed.rank() + 1) * local]
         columns: dict[str, list[int]] = {}
         for i, index in enumerate(rows):
-            positive, negatives = self.sampler.group(int(index), epoch)
-            for offset, doc_id in enumerate([positive, *negatives]):
-                columns.setdefault(doc_id, []).append(i * self.config.data.group_size + offset)
-        mask = torch.zeros((len(rows), len(rows) * self.config.data.group_size), dtype=torch.bool)
+            for offset, doc_id in enumerate(self.sampler.group(int(index), epoch).documents):
+                columns.setdefault(doc_id, []).append(i * size + offset)
+        known = torch.zeros((len(rows), len(rows) * size), dtype=torch.bool)
+        targets = torch.zeros_like(known)
         for i, index in enumerate(rows):
-            for doc_id in self.examples[int(index)].positives:
-                mask[i, columns.get(doc_id, [])] = True
-            mask[i, i * self.config.data.group_size] = False  # the target itself
-        return mask if bool(mask.any()) else None
+            own = range(i * size, (i + 1) * size)
+            for doc_id in set(self.examples[int(index)].positives):
+                found = columns.get(doc_id, [])
+                known[i, found] = True
+                if self.config.loss.multi_positive and found:
+                    targets[i, next((c for c in found if c in own), found[0])] = True
+            if not self.config.loss.multi_positive:
+                targets[i, i * size] = True
+        return targets, known & ~targets
 
     def _encode(self, kind: str, domain: str | None = None):
         device = self.encoder.device
@@ -259,7 +316,7 @@ class ContrastiveTask(GroupedExamplesTask):
         if config.contrastive_weight > 0:
             contrastive = contrastive_loss(
                 queries, passages, self.config.data.group_size, self.temperature,
-                config.cross_device_negatives, batch.false_negatives,
+                config.cross_device_negatives, batch.false_negatives, batch.positives,
             )  # fmt: skip
             weight = distributed.gathered_loss_weight() if config.cross_device_negatives else 1
             self.parts["loss_contrastive"] = float(contrastive.detach()) / weight

@@ -12,7 +12,7 @@ from densekit.training.sampling import DomainBatching, LengthGrouping, batches_p
 
 
 class GroupedExamplesTask:
-    """The base of the tasks that train on groups of passages (a positive, then hard negatives): the
+    """The base of the tasks that train on groups of passages (positives, then hard negatives): the
     examples, each epoch's groups, and the batching the config asks for. A subclass says how long an
     example's group is (`group_lengths`), since that is what its batches are padded to."""
 
@@ -33,7 +33,9 @@ class GroupedExamplesTask:
         """Train on `examples` from now on: their groups, domains and lengths are worked out anew."""
         self.examples = examples
         data, seed = self.config.data, self.config.seed
-        self.sampler = GroupSampler(examples, data.group_size, seed, data.shortfall, list(self.texts))
+        self.sampler = GroupSampler(
+            examples, data.group_size, seed, data.shortfall, list(self.texts), positives=data.positives
+        )
         self._grouping: tuple[int, LengthGrouping] | None = None
         self._domains = (
             domain_batching([e.domain for e in examples], data.train) if data.batches == "by_domain" else None

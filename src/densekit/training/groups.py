@@ -1,16 +1,20 @@
-"""Which positive and which negatives each example trains with in each epoch.
+"""Which positives and which negatives each example trains with in each epoch.
 
-Per example, a seeded permutation of its negatives is fixed once; epoch e takes the window of n-1
-starting at e·(n-1), wrapping around, so successive epochs rotate through all of them (as Tevatron
-does). The positive rotates through the example's positives the same way. Everything depends only
-on (seed, example, epoch), so a resumed run sees exactly the groups an uninterrupted one would.
+A group is `positives` of the example's positives, then `group_size - positives` of its negatives.
+Per example, a seeded permutation of its negatives is fixed once; epoch e takes the window of
+n = group_size - positives starting at e·n, wrapping around, so successive epochs rotate through all
+of them (as Tevatron does). The positives rotate the same way: a window of `positives` starting at
+e·positives of a seeded order (with one positive per group, the example's own order from a seeded
+start, as before several were possible), so an example with fewer positives than slots repeats
+them. Everything depends only on (seed, example, epoch), so a resumed run sees exactly the groups an
+uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -25,12 +29,26 @@ class NegativeShortfallError(ValueError):
     """An example has fewer negatives than a group needs, and no policy to make up for it was chosen."""
 
 
+class Group(NamedTuple):
+    """One example's documents in one epoch: its positives (repeated when it has fewer than the
+    group's positive slots), then its negatives."""
+
+    positives: list[str]
+    negatives: list[str]
+
+    @property
+    def documents(self) -> list[str]:
+        """The group's documents as a batch lays them out: positives first, then negatives."""
+        return [*self.positives, *self.negatives]
+
+
 class GroupSampler:
-    """Picks one positive and `group_size - 1` negatives per example and epoch.
+    """Picks `positives` positives and `group_size - positives` negatives per example and epoch.
 
     When an example has fewer negatives than needed, `shortfall` decides, and the choice is logged
     with the number of examples it touched: `error` (the default) refuses; `repeat` cycles the
-    example's own negatives; `random` fills with documents drawn from `corpus_ids`.
+    example's own negatives; `random` fills with documents drawn from `corpus_ids`. An example with
+    fewer positives than `positives` always cycles its own (the loss counts a repeat once).
     """
 
     def __init__(
@@ -40,21 +58,32 @@ class GroupSampler:
         seed: int,
         shortfall: Shortfall = "error",
         corpus_ids: Sequence[str] | None = None,
+        positives: int = 1,
     ):
-        if group_size < 1:
-            raise ValueError(f"group size must be at least 1 (the positive), got {group_size}")
+        if positives < 1:
+            raise ValueError(f"positives per group must be at least 1, got {positives}")
+        if group_size < positives:
+            raise ValueError(f"group size {group_size} is smaller than its {positives} positives")
         self.examples = examples
         self.group_size = group_size
+        self.positives = positives
         self.seed = seed
         self.shortfall = shortfall
         self.corpus_ids = corpus_ids
-        needed = group_size - 1
+        few = sum(len(ex.positives) < positives for ex in examples)
+        if few:
+            log.info(
+                "%d of %d training examples have fewer than %d positives: their groups repeat them",
+                few, len(examples), positives,
+            )  # fmt: skip
+        needed = group_size - positives
         short = [i for i, ex in enumerate(examples) if len(ex.negatives) < needed]
         if short and needed:
             first = examples[short[0]]
+            slots = f"group size {group_size}" + (f", {positives} positives" if positives > 1 else "")
             described = (
                 f"{len(short)} of {len(examples)} training examples have fewer than {needed} negatives "
-                f"(group size {group_size}), e.g. query {first.query_id!r} with {len(first.negatives)}"
+                f"({slots}), e.g. query {first.query_id!r} with {len(first.negatives)}"
             )
             if shortfall == "error":
                 raise NegativeShortfallError(
@@ -67,20 +96,26 @@ class GroupSampler:
                 raise NegativeShortfallError(described + "; some have none, so 'repeat' has nothing to cycle")
             log.warning("%s: filling them by %r", described, shortfall)
 
-    def group(self, index: int, epoch: int) -> tuple[str, list[str]]:
-        """The positive and negatives of example `index` in `epoch`."""
+    def group(self, index: int, epoch: int) -> Group:
+        """The positives and negatives of example `index` in `epoch`."""
         example = self.examples[index]
         rng = np.random.default_rng([self.seed, index])
-        positive = example.positives[(int(rng.integers(1 << 30)) + epoch) % len(example.positives)]
-        needed = self.group_size - 1
-        if needed == 0:
-            return positive, []
+        start = int(rng.integers(1 << 30))
         negatives = [example.negatives[i] for i in rng.permutation(len(example.negatives))]
+        count = len(example.positives)
+        # one positive per group keeps the example's own order (what every run before several
+        # positives drew); several take a seeded order, so that a group's positives vary in kind
+        order = rng.permutation(count) if self.positives > 1 else range(count)
+        first = start + epoch * self.positives
+        positives = [example.positives[order[(first + j) % count]] for j in range(self.positives)]
+        needed = self.group_size - self.positives
+        if needed == 0:
+            return Group(positives, [])
         if len(negatives) >= needed:
-            start = (epoch * needed) % len(negatives)
-            return positive, [negatives[(start + j) % len(negatives)] for j in range(needed)]
+            offset = (epoch * needed) % len(negatives)
+            return Group(positives, [negatives[(offset + j) % len(negatives)] for j in range(needed)])
         if self.shortfall == "repeat":
-            return positive, [negatives[j % len(negatives)] for j in range(needed)]
+            return Group(positives, [negatives[j % len(negatives)] for j in range(needed)])
         fill_rng = np.random.default_rng([self.seed, index, epoch])
         excluded = set(example.positives) | set(negatives)
         fill: list[str] = []
@@ -88,4 +123,4 @@ class GroupSampler:
             candidate = self.corpus_ids[int(fill_rng.integers(len(self.corpus_ids)))]
             if candidate not in excluded:
                 fill.append(candidate)
-        return positive, negatives + fill
+        return Group(positives, negatives + fill)

@@ -63,8 +63,7 @@ class CrossEncoderTask(GroupedExamplesTask):
 
     def _pairs(self, index: int, epoch: int) -> list[dict[str, list[int]]]:
         example = self.examples[index]
-        positive, negatives = self.sampler.group(index, epoch)
-        documents = [positive, *negatives]
+        documents = self.sampler.group(index, epoch).documents  # one positive (the config's check)
         return self.module.tokenize([example.query] * len(documents), [self.texts[d] for d in documents])
 
     def batch(self, epoch: int, step: int) -> ListwiseBatch:

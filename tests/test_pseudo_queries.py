@@ -1,0 +1,196 @@
+"""Pseudo-queries from a corpus alone, their mined negatives, and modules and routes trained on them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from densekit.cli import app
+from densekit.data.dataset import Dataset
+from densekit.data.examples import read_examples
+from densekit.data.pseudo_queries import PseudoQuerySettings, pseudo_queries
+from densekit.data.records import Document
+
+from .conftest import write_beir
+
+runner = CliRunner()
+
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+]
+
+
+def corpus_rows() -> list[dict]:
+    """Documents of varied lengths; d3 and d4 share their text (a near-duplicate pair), d5 is too short
+    for a span and has no title, d6's text is a single sentence."""
+    rows = []
+    for i in range(3):
+        words = [WORDS[(i * 5 + j) % len(WORDS)] for j in range(30)]
+        rows.append(
+            {"_id": f"d{i}", "title": f"title {i} {WORDS[i]}", "text": "First one. " + " ".join(words)}
+        )
+    shared = " ".join(WORDS) + ". And a second sentence here."
+    rows.append({"_id": "d3", "title": "twin", "text": shared})
+    rows.append({"_id": "d4", "title": "twin", "text": shared})
+    rows.append({"_id": "d5", "title": "", "text": "too short"})
+    rows.append({"_id": "d6", "title": "single", "text": "a single sentence with no end"})
+    return rows
+
+
+@pytest.fixture
+def corpus_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "collection"
+    write_beir(root, corpus_rows(), [{"_id": "q1", "text": "alpha"}], {"test": [("q1", "d0", 1)]})
+    return root
+
+
+def make(corpus_dir: Path, output: Path, *args: str) -> dict:
+    result = runner.invoke(app, ["pseudo-queries", str(corpus_dir), "-o", str(output), *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(Path(f"{output}.report.json").read_text())
+
+
+def test_pseudo_queries_are_deterministic_for_a_seed_and_come_from_their_own_document(
+    corpus_dir: Path, tmp_path: Path
+):
+    texts = {row["_id"]: row for row in corpus_rows()}
+    report = make(corpus_dir, tmp_path / "a.jsonl", "--words", "4-9", "--per-document", "3", "--domain", "x")
+    make(corpus_dir, tmp_path / "b.jsonl", "--words", "4-9", "--per-document", "3", "--domain", "x")
+    make(corpus_dir, tmp_path / "c.jsonl", "--words", "4-9", "--per-document", "3", "--seed", "1")
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert (tmp_path / "a.jsonl").read_bytes() != (tmp_path / "c.jsonl").read_bytes()
+    examples = read_examples(tmp_path / "a.jsonl")  # the training format
+    assert report["queries"] == len(examples) == 6 * 3 and report["documents_without_query"] == {
+        "fewer than 5 words": 1
+    }
+    assert len({e.query_id for e in examples}) == len(examples)
+    for example in examples:
+        [positive] = example.positives
+        words = example.query.split()
+        assert 4 <= len(words) <= 9 and example.domain == "x" and not example.negatives
+        assert f" {example.query} " in f" {texts[positive]['text']} "  # a crop of its own text
+        assert example.query != texts[positive]["text"]  # never the whole of it
+
+    report = make(corpus_dir, tmp_path / "titles.jsonl", "--method", "title")
+    titles = {e.positives[0]: e.query for e in read_examples(tmp_path / "titles.jsonl")}
+    assert titles == {k: v["title"] for k, v in texts.items() if v["title"]}
+    assert report["documents_without_query"] == {"no title": 1}
+    make(corpus_dir, tmp_path / "leads.jsonl", "--method", "lead")
+    leads = {e.positives[0]: e.query for e in read_examples(tmp_path / "leads.jsonl")}
+    assert leads["d0"] == "First one." and leads["d3"] == " ".join(WORDS) + "." and "d6" not in leads
+
+
+def test_a_draw_of_documents_is_the_same_streamed_or_listed_and_words_without_letters_are_skipped():
+    documents = [
+        Document(f"d{i}", " ".join([". . . ."] + [f"w{i}x{j}" for j in range(12)])) for i in range(50)
+    ]
+    settings = PseudoQuerySettings(max_documents=7, min_words=3, max_words=5, seed=3)
+    listed = list(pseudo_queries(documents, settings))
+    streamed = list(pseudo_queries(iter(documents), settings, count=len(documents)))
+    assert listed == streamed and len(listed) == 7
+    assert all("." not in e.query for e in listed)
+    with pytest.raises(ValueError, match="span length 5-3 words is empty"):
+        PseudoQuerySettings(min_words=5, max_words=3)
+
+
+def test_mined_pseudo_queries_never_take_their_own_passage_or_a_copy_of_it_as_a_negative(
+    corpus_dir: Path, tmp_path: Path
+):
+    make(corpus_dir, tmp_path / "pq.jsonl", "--words", "4-12", "--per-document", "2", "--domain", "x")
+    out = tmp_path / "mined.jsonl"
+    result = runner.invoke(
+        app,
+        ["mine", str(corpus_dir), "--examples", str(tmp_path / "pq.jsonl"), "-o", str(out), "--ranks", "1-10",
+         "--count", "10"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    texts = {doc.id: doc.full_text for doc in Dataset.open(corpus_dir).iter_corpus()}
+    pseudo, mined = read_examples(tmp_path / "pq.jsonl"), read_examples(out)
+    assert [(e.query_id, e.query, e.positives, e.domain) for e in mined] == [
+        (e.query_id, e.query, e.positives, e.domain) for e in pseudo
+    ]
+    assert sum(len(e.negatives) for e in mined) > 0
+    for example in mined:
+        [positive] = example.positives
+        assert positive not in example.negatives
+        assert all(texts[n] != texts[positive] for n in example.negatives)  # d3 never a negative of d4
+    report = json.loads(Path(f"{out}.report.json").read_text())
+    assert report["removed_positive"] > 0 and report["removed_identical_text"] > 0
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        '{"query_id": "a", "query": "alpha", "positives": ["d0"]}\n'
+        '{"query_id": "b", "query": "beta", "positives": ["nope"]}\n'
+    )
+    result = runner.invoke(app, ["mine", str(corpus_dir), "--examples", str(bad), "-o", str(tmp_path / "x")])
+    assert (
+        result.exit_code != 0 and "bad.jsonl:2" in str(result.exception) and "'nope'" in str(result.exception)
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_corpus_modules_and_a_route_trained_on_their_pseudo_queries_load_and_search_like_any(
+    tiny_st_model: Path, tmp_path: Path
+):
+    from densekit.fine_tuning import run_training
+    from densekit.index import SearchIndex
+    from densekit.models.encoder import DenseEncoder
+    from densekit.models.modules.route import Route
+    from densekit.recipes.runner import load_recipe, run_recipe
+
+    from .test_training import make_config
+    from .training_fixtures import write_training_collection
+
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    runs = {}
+    for name in ("first", "second"):
+        write_training_collection(tmp_path / name)
+        overrides = [f"data.path={tmp_path / name}", f"data.domain={name}", f"model.path={tiny_st_model}",
+                     "pseudo_queries.min_words=2", "pseudo_queries.max_words=4", "train.batch_size=4",
+                     "bm25_negatives.first_rank=1", "bm25_negatives.count=2", "dense_negatives.count=2",
+                     "dense_negatives.relative_margin=null"]  # fmt: skip
+        runs[name] = tmp_path / "runs" / name
+        run_recipe(recipes / "corpus-module.yaml", runs[name], overrides, device="cpu", show_progress=False)
+        rows = json.loads((runs[name] / "table.json").read_text())["rows"]
+        assert list(rows) == ["BM25", "base zero-shot", "round 1", "round 2"]
+        assert all(0 <= row[name] <= 1 for row in rows.values())
+        module = DenseEncoder.load(runs[name] / "round2" / "model")
+        assert module.active == name and module.passage_module is None  # passages stay the base's
+
+    examples = tmp_path / "mixed.jsonl"
+    examples.write_text("".join((runs[n] / "round1-examples.jsonl").read_text() for n in runs))
+    folders = {name: str(run / "round2" / "model") for name, run in runs.items()}
+    config = make_config(
+        (tmp_path / "first", examples), tiny_st_model, route={"type": "soft", "modules": folders},
+        data={"collections": {"second": str(tmp_path / "second")}, "group_size": 2, "shortfall": "random"},
+        model={"pooling": None},
+    )  # fmt: skip
+    run_training(config, tmp_path / "router", show_progress=False)
+    route = Route.load(tmp_path / "router" / "model")
+    assert route.spec.modules == ["first", "second"]
+    index = SearchIndex.load(runs["first"] / "index")
+    queries = route.encode_queries(["about the first topic", "and another"])
+    assert len(index.search_run(queries, ["a", "b"], 3)["a"]) == 3
+
+    # the routing recipe over four such runs is valid as written
+    load_recipe(recipes / "corpus-routing.yaml", tmp_path / "routing", [f"model.path={tiny_st_model}"])
