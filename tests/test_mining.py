@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 from typer.testing import CliRunner
 
 from densekit.cli import app
@@ -113,3 +114,30 @@ def test_relative_margin_keeps_its_meaning_for_negative_scores():
     )
     assert mined[0].negatives == ["d3"]  # bar -0.525: d1 (above the positive) and d2 out
     assert report.removed_margin == 2
+
+
+def test_dense_mining_takes_positives_from_a_flat_index_with_the_scores_encoding_gives(
+    tmp_path: Path, tiny_st_model: Path
+):
+    from densekit.data import Dataset
+    from densekit.index import IndexSpec, SearchIndex
+    from densekit.mining.mine import dense_candidates
+    from densekit.models import DenseEncoder
+    from densekit.retrieval.in_memory import index_corpus
+
+    root, train = write_training_collection(tmp_path / "data")
+    encoder = DenseEncoder.load(tiny_st_model).eval()
+    documents = list(Dataset.open(root).iter_corpus())
+    texts = {doc.id: doc.full_text for doc in documents}
+    examples = read_examples(train)
+    flat = index_corpus(encoder, documents, show_progress=False)
+    ids = [doc.id for doc in documents]
+    assert np.array_equal(flat.stored_vectors(ids[::-1]), flat.index.reconstruct_n(0, len(ids))[::-1])
+    hnsw = SearchIndex.from_vectors(flat.index.reconstruct_n(0, len(ids)), ids, IndexSpec(type="hnsw"))
+    assert hnsw.stored_vectors(ids) is None  # HNSW keeps a graph: its positives are encoded
+    from_index = dense_candidates(encoder, flat, texts, examples, 5, show_progress=False)[1]
+    encoded = dense_candidates(encoder, hnsw, texts, examples, 5, show_progress=False)[1]
+    assert from_index.keys() == encoded.keys()
+    for query_id, scores in encoded.items():
+        assert scores.keys() == from_index[query_id].keys()
+        np.testing.assert_allclose(list(from_index[query_id].values()), list(scores.values()), atol=1e-5)

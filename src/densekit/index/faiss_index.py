@@ -241,6 +241,17 @@ class SearchIndex:
         elif self.spec.type == "ivfpq":
             self.parameters.set_index_parameter(self.index, "nprobe", spec.nprobe)
 
+    def stored_vectors(self, doc_ids: list[str]) -> np.ndarray | None:
+        """The vectors indexed for `doc_ids`, exactly as searched, where the index keeps them whole (a
+        flat index of whole documents); None where it does not (HNSW and IVF-PQ hold graphs or codes, a
+        MaxP index holds passages)."""
+        if self.spec.type != "flat" or self.meta.get("maxp") or not hasattr(self.index, "reconstruct_batch"):
+            return None
+        if not hasattr(self, "_rows"):
+            self._rows = {doc_id: row for row, doc_id in enumerate(self.ids)}
+        rows = np.array([self._rows[doc_id] for doc_id in doc_ids], dtype=np.int64)
+        return self.index.reconstruct_batch(rows)
+
     def search(self, queries: np.ndarray, k: int) -> Hits:
         """The top `k` rows per query (no more than the index holds); ids are looked up only when asked
         for (`Hits.doc_ids`)."""

@@ -166,6 +166,10 @@ class MilvusSearchIndex(SearchIndex):
             if value is not None:
                 raise SpecError(field, value, f"{self.folder} is a Milvus (flat) index; it has no {field}")
 
+    def stored_vectors(self, doc_ids: list[str]) -> np.ndarray | None:
+        """None: the vectors are Milvus's, not fetched back (mining encodes what it needs)."""
+        return None
+
     def search(self, queries: np.ndarray, k: int) -> Hits:
         """The top `k` rows per query, from Milvus."""
         if queries.ndim != 2 or queries.shape[1] != self.dimension:

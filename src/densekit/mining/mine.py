@@ -76,7 +76,10 @@ def dense_candidates(
         )
     ranked = index.search_run(query_vectors, query_ids, depth)
     positives = sorted({p for e in examples for p in e.positives})
-    positive_vectors = embed_texts(encoder, [texts[p] for p in positives], "passage", batch_size)
+    # a flat index holds the very vectors `encoder` makes of them (check_compatible): no encoding again
+    positive_vectors = index.stored_vectors(positives)
+    if positive_vectors is None:
+        positive_vectors = embed_texts(encoder, [texts[p] for p in positives], "passage", batch_size)
     row = {doc_id: i for i, doc_id in enumerate(positives)}
     positive_scores = {}
     for i, example in enumerate(examples):
