@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,13 @@ if TYPE_CHECKING:
     from densekit.retrieval.retriever import Retriever
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # pytest -n: the cores shared among the workers, and the same number for the processes a test starts
+    # (a run resumed in the test's process must add up in the order the killed one did)
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 _BROWSER_OUTCOMES: list[tuple[str, str]] = []
 
 

@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 from densekit.cli import app
 from densekit.data.dataset import Dataset
 from densekit.data.examples import read_examples
-from densekit.data.pseudo_queries import PseudoQuerySettings, pseudo_queries
+from densekit.data.pseudo_queries import PseudoQuerySettings, pseudo_queries, write_pseudo_queries
 from densekit.data.records import Document
+from densekit.mining.filters import MiningSettings
+from densekit.mining.mine import mine
 
 from .conftest import write_beir
 
@@ -158,28 +160,39 @@ def test_corpus_modules_and_a_route_trained_on_their_pseudo_queries_load_and_sea
     from densekit.models.modules.route import Route
     from densekit.recipes.runner import load_recipe, run_recipe
 
+    from .test_modules import put_module
     from .test_training import make_config
     from .training_fixtures import write_training_collection
 
     recipes = Path(__file__).resolve().parents[1] / "recipes"
-    runs = {}
-    for name in ("first", "second"):
-        write_training_collection(tmp_path / name)
-        overrides = [f"data.path={tmp_path / name}", f"data.domain={name}", f"model.path={tiny_st_model}",
-                     "pseudo_queries.min_words=2", "pseudo_queries.max_words=4", "train.batch_size=4",
-                     "bm25_negatives.first_rank=1", "bm25_negatives.count=2", "dense_negatives.count=2",
-                     "dense_negatives.relative_margin=null"]  # fmt: skip
-        runs[name] = tmp_path / "runs" / name
-        run_recipe(recipes / "corpus-module.yaml", runs[name], overrides, device="cpu", show_progress=False)
-        rows = json.loads((runs[name] / "table.json").read_text())["rows"]
-        assert list(rows) == ["BM25", "base zero-shot", "round 1", "round 2"]
-        assert all(0 <= row[name] <= 1 for row in rows.values())
-        module = DenseEncoder.load(runs[name] / "round2" / "model")
-        assert module.active == name and module.passage_module is None  # passages stay the base's
+    first = tmp_path / "runs" / "first"
+    write_training_collection(tmp_path / "first")
+    overrides = [f"data.path={tmp_path / 'first'}", "data.domain=first", f"model.path={tiny_st_model}",
+                 "pseudo_queries.min_words=2", "pseudo_queries.max_words=4", "train.batch_size=4",
+                 "bm25_negatives.first_rank=1", "bm25_negatives.count=2", "dense_negatives.count=2",
+                 "dense_negatives.relative_margin=null"]  # fmt: skip
+    metrics = run_recipe(recipes / "corpus-module.yaml", first, overrides, device="cpu", show_progress=False)
+    rows = json.loads((first / "table.json").read_text())["rows"]
+    assert list(rows) == ["BM25", "base zero-shot", "round 1", "round 2"]
+    assert all(0 <= row["first"] <= 1 for row in rows.values())
+    assert metrics["nDCG@10"] == pytest.approx(rows["round 2"]["first"])
+    module = DenseEncoder.load(first / "round2" / "model")
+    assert module.active == "first" and module.passage_module is None  # passages stay the base's
 
+    # a second collection's pseudo-queries, and a query-only module for it, route with the first's
+    write_training_collection(tmp_path / "second")
+    second_examples = tmp_path / "second.jsonl"
+    settings = PseudoQuerySettings(min_words=2, max_words=4, domain="second")
+    write_pseudo_queries(Dataset.open(tmp_path / "second"), settings, tmp_path / "second-pq.jsonl")
+    negatives = MiningSettings(first_rank=1, count=2)
+    mine(Dataset.open(tmp_path / "second"), "train", second_examples, "bm25", negatives, show_progress=False,
+         examples_file=tmp_path / "second-pq.jsonl")  # fmt: skip
+    encoder = DenseEncoder.load(tiny_st_model)
+    put_module(encoder, "query-lora", "second", seed=1)
+    encoder.save(tmp_path / "second-module")
     examples = tmp_path / "mixed.jsonl"
-    examples.write_text("".join((runs[n] / "round1-examples.jsonl").read_text() for n in runs))
-    folders = {name: str(run / "round2" / "model") for name, run in runs.items()}
+    examples.write_text((first / "round1-examples.jsonl").read_text() + second_examples.read_text())
+    folders = {"first": str(first / "round2" / "model"), "second": str(tmp_path / "second-module")}
     config = make_config(
         (tmp_path / "first", examples), tiny_st_model, route={"type": "soft", "modules": folders},
         data={"collections": {"second": str(tmp_path / "second")}, "group_size": 2, "shortfall": "random"},
@@ -188,7 +201,7 @@ def test_corpus_modules_and_a_route_trained_on_their_pseudo_queries_load_and_sea
     run_training(config, tmp_path / "router", show_progress=False)
     route = Route.load(tmp_path / "router" / "model")
     assert route.spec.modules == ["first", "second"]
-    index = SearchIndex.load(runs["first"] / "index")
+    index = SearchIndex.load(first / "index")
     queries = route.encode_queries(["about the first topic", "and another"])
     assert len(index.search_run(queries, ["a", "b"], 3)["a"]) == 3
 
