@@ -11,7 +11,12 @@ from typer.testing import CliRunner
 from densekit.cli import app
 from densekit.data.dataset import Dataset
 from densekit.data.examples import read_examples
-from densekit.data.pseudo_queries import PseudoQuerySettings, pseudo_queries, write_pseudo_queries
+from densekit.data.pseudo_queries import (
+    PseudoQueryReport,
+    PseudoQuerySettings,
+    pseudo_queries,
+    write_pseudo_queries,
+)
 from densekit.data.records import Document
 from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
@@ -106,6 +111,10 @@ def test_a_draw_of_documents_is_the_same_streamed_or_listed_and_words_without_le
     documents = [
         Document(f"d{i}", " ".join([". . . ."] + [f"w{i}x{j}" for j in range(12)])) for i in range(50)
     ]
+    exactly = PseudoQuerySettings(min_words=12, max_words=20)
+    report = PseudoQueryReport()
+    assert not list(pseudo_queries(documents[:3], exactly, report))  # a crop of 12 would be all 12 words
+    assert report.skipped == {"fewer than 13 words": 3}
     settings = PseudoQuerySettings(max_documents=7, min_words=3, max_words=5, seed=3)
     listed = list(pseudo_queries(documents, settings))
     streamed = list(pseudo_queries(iter(documents), settings, count=len(documents)))

@@ -85,7 +85,7 @@ def _span_words(text: str) -> list[str]:
 
 def _span_queries(document: Document, rng: np.random.Generator, settings: PseudoQuerySettings) -> list[str]:
     words = _span_words(document.text or document.title)
-    if len(words) < settings.min_words:
+    if len(words) <= settings.min_words:  # the shortest crop would be the whole text
         return []
     queries = []
     for _ in range(settings.per_document):
