@@ -216,3 +216,12 @@ def test_corpus_modules_and_a_route_trained_on_their_pseudo_queries_load_and_sea
 
     # the routing recipe over four such runs is valid as written
     load_recipe(recipes / "corpus-routing.yaml", tmp_path / "routing", [f"model.path={tiny_st_model}"])
+
+
+def test_mining_an_examples_file_refuses_the_options_it_would_ignore(corpus_dir: Path, tmp_path: Path):
+    make(corpus_dir, tmp_path / "pq.jsonl")
+    for extra in (["--split", "test"], ["--min-relevance", "2"]):
+        args = ["mine", str(corpus_dir), "--examples", str(tmp_path / "pq.jsonl"), "-o", str(tmp_path / "m")]
+        result = runner.invoke(app, [*args, *extra])
+        assert result.exit_code != 0 and "do not apply" in str(result.exception)
+    assert not (tmp_path / "m").exists()

@@ -90,7 +90,9 @@ def train_cross_encoder(
 def mine(
     data_dir: DataDirArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="The training file to write (JSONL).")],
-    split: Annotated[str, typer.Option(help="The qrels split whose queries are mined for.")] = "train",
+    split: Annotated[
+        str | None, typer.Option(help="The qrels split whose queries are mined for (default: train).")
+    ] = None,
     examples: Annotated[
         Path | None,
         typer.Option(
@@ -152,6 +154,10 @@ def mine(
         first_rank=int(first), last_rank=int(last), count=count, margin=margin,
         relative_margin=relative_margin, exclude_identical=not keep_identical, seed=seed,
     )  # fmt: skip
+    if examples is not None and (split is not None or min_relevance != 1):
+        raise ValueError(
+            "--examples gives the queries and positives: --split and --min-relevance do not apply"
+        )
     if source == "dense" and model is None:
         raise ValueError("--source dense needs --model")
     if module is not None and model is None:
@@ -161,7 +167,7 @@ def mine(
     )
     report = run_mine(
         Dataset.open(data_dir),
-        split,
+        split or "train",
         output,
         source,
         settings,

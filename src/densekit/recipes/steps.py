@@ -62,6 +62,13 @@ class MineStep(Step):
     data: str
     split: str = "train"
     examples: str | None = Field(None, description="mine for this file's queries instead of the split's")
+
+    @model_validator(mode="after")
+    def _split_or_examples(self) -> MineStep:
+        if self.examples is not None and "split" in self.model_fields_set:
+            raise ValueError("examples gives the queries and positives: split does not apply")
+        return self
+
     output: str
     source: Literal["bm25", "dense", "none"] = "bm25"
     model: str | None = None
