@@ -208,8 +208,9 @@ def serve_start_up(model: Path, index: Path, data: Path, log: Path, limit: float
     return result
 
 
-def measure(size: int, work: Path, shared: Path, skip: set[str]) -> dict:
-    """Every stage and peer at `size` passages; artefacts under `work/<size>`."""
+def measure(size: int, work: Path, shared: Path, skip: set[str], only: set[str] | None = None) -> dict:
+    """Every stage and peer at `size` passages (or the stages `only` names, over the artefacts an earlier
+    run left); artefacts under `work/<size>`."""
     base = work / str(size)
     started = time.perf_counter()
     reused = is_generated(base / "data", size)
@@ -219,9 +220,9 @@ def measure(size: int, work: Path, shared: Path, skip: set[str]) -> dict:
     model = make_encoder(work / "model")
     logs = base / "logs"
     out = base / "out"
-    if out.exists():
+    if out.exists() and only is None:
         shutil.rmtree(out)  # every artefact of the last run here, so that each stage does its whole work
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     py = [sys.executable, "-c"]
     part = out / "emb" / "part-00000-of-00001.npy"
 
@@ -266,6 +267,8 @@ def measure(size: int, work: Path, shared: Path, skip: set[str]) -> dict:
     peers: dict[str, dict] = {}
     queries = out / "queries.npy"
     for name, argvs in stages.items():
+        if only is not None and name not in only:
+            continue
         if name in skip:
             results[name] = {"status": "skipped", "reason": "--skip"}
             continue
@@ -283,7 +286,7 @@ def measure(size: int, work: Path, shared: Path, skip: set[str]) -> dict:
             argv = [*py, FAISS_PEER, str(part), str(queries), str(meta), "1000"]
             peers[f"faiss {kind}"] = run_children([argv], logs / f"peer_faiss_{kind}.log")
             print(f"{size}: peer faiss {kind}: {peers[f'faiss {kind}']}", flush=True)
-    if "serve start-up" not in skip:
+    if "serve start-up" not in skip and (only is None or "serve start-up" in only):
         results["serve start-up"] = serve_start_up(model, out / "index-flat", data, logs / "serve.log")
         print(f"{size}: serve start-up: {results['serve start-up']}", flush=True)
     sizes = {"index.faiss bytes": {kind: (out / f"index-{kind}" / "index.faiss").stat().st_size
@@ -408,6 +411,12 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
     parser.add_argument("--skip", nargs="*", default=[], help="stages to leave out (their names as recorded)")
     parser.add_argument(
+        "--only",
+        nargs="+",
+        help="run just these stages (with their peers) over the artefacts of an earlier run of each size, "
+        "and put them in place of that run's entries, marked measured_separately",
+    )
+    parser.add_argument(
         "--table", action="store_true", help="print the saved results as a table; run nothing"
     )
     args = parser.parse_args()
@@ -417,7 +426,16 @@ def main() -> None:
         plot(results, args.output.with_suffix(".png"))
         return
     for size in args.sizes:
-        results["runs"][str(size)] = measure(size, args.work, args.shared, set(args.skip))
+        only = set(args.only) if args.only else None
+        run = measure(size, args.work, args.shared, set(args.skip), only)
+        earlier = results["runs"].get(str(size))
+        if only is not None and earlier is not None:
+            for group in ("stages", "peers"):
+                for entry in run[group].values():
+                    entry["measured_separately"] = run["machine"]["date"]
+                earlier[group].update(run[group])
+            run = earlier
+        results["runs"][str(size)] = run
         print(f"{size}: wall {results['runs'][str(size)]['wall_s']} s", flush=True)
         results["exponents"] = {
             group: {field: exponents(results["runs"], group, field) for field in ("seconds", "peak_rss_mib")}

@@ -64,3 +64,18 @@ def test_one_progress_style_and_none_when_not_asked(beir_dir: Path, capfd):
 def test_out_of_range_parameters_are_refused(field: str, value: float):
     with pytest.raises(ValueError, match=field):
         BM25Config(**{field: value})
+
+
+def test_an_index_built_in_chunks_scores_as_one_built_whole(beir_dir: Path, monkeypatch):
+    """Terms are numbered over the whole corpus, not per chunk: an index fed two documents at a time
+    ranks and scores every query exactly as one fed the corpus at once."""
+    dataset = Dataset.open(beir_dir)
+    queries = {**dataset.queries(), "all": "domesticated mammals programming language energy"}
+    whole = BM25Index(dataset.iter_corpus(), show_progress=False)
+    monkeypatch.setattr("densekit.retrieval.bm25._CHUNK", 2)
+    chunked = BM25Index(dataset.iter_corpus(), show_progress=False, total=dataset.count_documents())
+    assert chunked.search(queries, k=5) == whole.search(queries, k=5)
+    ids = list(whole.ids)
+    assert list(chunked.ids) == ids and len(ids) > 2
+    for query in queries.values():
+        assert chunked.scores_of(query, ids) == whole.scores_of(query, ids)

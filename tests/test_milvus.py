@@ -3,6 +3,9 @@ about what may be written and reused."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -48,13 +51,51 @@ def test_milvus_gives_the_flat_faiss_top_10_on_scifact(
     dataset = Dataset.open(data)
     exact = Retriever(encoder, SearchIndex.load(tmp_path / "faiss"), dataset=dataset).search_run(queries, 10)
     served = Retriever(encoder, milvus, dataset=dataset).search_run(queries, 10)
+    assert_same_top_10(served, exact)
+
+
+def assert_same_top_10(served: dict, exact: dict) -> None:
+    """Every query's hits in the same order with the same scores, up to ties within float error."""
     assert list(served) == list(exact)
     for query in exact:
         ours, theirs = list(served[query].items()), list(exact[query].items())
         assert [s for _, s in ours] == pytest.approx([s for _, s in theirs], abs=1e-5)
-        # the same documents in the same order, up to documents whose scores tie within float error
         for (doc, score), (other, other_score) in zip(ours, theirs, strict=True):
             assert doc == other or abs(score - other_score) < 1e-5
+
+
+def test_two_encoding_processes_make_one_folder_and_milvus_filled_from_its_parts_gives_the_flat_top_10(
+    scifact_embeddings, tiny_st_model: Path, tmp_path: Path
+):
+    """`--shard 1/2` and `0/2` run at once as two processes, finishing in either order, write one folder
+    equal to one process's encoding; Milvus filled from its two parts answers as the flat index does."""
+    data, whole = scifact_embeddings
+    sharded = tmp_path / "sharded"
+    encode = [sys.executable, "-m", "densekit", "--quiet", "encode", str(tiny_st_model), str(data)]
+    children = [
+        subprocess.Popen(
+            [*encode, "-o", str(sharded), "--shard", shard, "--no-progress"],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        for shard in ("1/2", "0/2")
+    ]
+    for child in children:
+        assert child.wait() == 0, child.stderr.read()
+    parts, single = EmbeddingStore.open(sharded), EmbeddingStore.open(whole)
+    assert len(parts.parts) == 2 and parts.ids() == single.ids()
+    assert np.allclose(parts.vectors(), single.vectors(), atol=1e-6)
+    build_index(single, IndexSpec(type="flat"), tmp_path / "faiss", show_progress=False)
+    build_milvus_index(parts, tmp_path / "milvus", str(tmp_path / "m.db"), "sharded", show_progress=False)
+    dataset = Dataset.open(data)
+    queries, _ = dataset.split_queries("test")
+    encoder = DenseEncoder.load(tiny_st_model)
+    exact = Retriever(encoder, SearchIndex.load(tmp_path / "faiss"), dataset=dataset).search_run(queries, 10)
+    served = Retriever(encoder, SearchIndex.load(tmp_path / "milvus"), dataset=dataset).search_run(
+        queries, 10
+    )
+    assert_same_top_10(served, exact)
 
 
 def test_a_collection_densekit_did_not_make_is_never_written(scifact_embeddings, tmp_path: Path):

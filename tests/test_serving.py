@@ -407,3 +407,18 @@ def test_serve_refuses_a_queue_smaller_than_one_request(served, capsys):
     _, index, model = served
     code, err, _ = cli(capsys, "serve", model, index, "--max-queued", "16")
     assert code == 2 and "--max-queued 16 is below --max-queries 64" in err
+
+
+def test_serve_mmap_index_maps_the_index_and_answers_as_one_read_in(served, retriever, tmp_path: Path):
+    process, url = serve_process(served, tmp_path, "--mmap-index", "--precision", "float32")
+    texts = [q["text"] for q in QUERIES]
+    try:
+        info = httpx.get(f"{url}/info", headers=AUTH, timeout=30).json()
+        answer = httpx.post(f"{url}/search", json={"query": texts, "k": 4}, headers=AUTH, timeout=30).json()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert info["index"]["memory_mapped"] is True and retriever.index.mmap is False
+    for served_hits, own in zip(answer["results"], retriever.search(texts, k=4), strict=True):
+        assert [h["id"] for h in served_hits] == [h.id for h in own]
+        assert [h["score"] for h in served_hits] == pytest.approx([h.score for h in own], abs=1e-6)

@@ -51,6 +51,7 @@ class Diagnostics:
     max_errors_per_file: int = 50
     problems: list[Problem] = field(default_factory=list)
     _errors_per_file: dict[Path, int] = field(default_factory=dict)
+    _logged: set[str] = field(default_factory=set)
 
     def error(self, path: Path, line: int | None, message: str) -> None:
         """Report an error: raise now, or record it when collecting."""
@@ -67,11 +68,12 @@ class Diagnostics:
             raise _TooManyErrors(problem.path)
 
     def warn(self, path: Path, line: int | None, message: str) -> None:
-        """Record a warning when collecting; log it otherwise."""
+        """Record a warning when collecting; log it otherwise, once however often a file is read."""
         problem = Problem(Path(path), line, message, "warning")
         if self.collect:
             self.problems.append(problem)
-        else:
+        elif str(problem) not in self._logged:
+            self._logged.add(str(problem))
             log.warning(str(problem))
 
     @property

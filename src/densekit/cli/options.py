@@ -43,6 +43,9 @@ BackendOpt = Annotated[
         "(docs/performance.md).",
     ),
 ]
+MmapIndexOpt = Annotated[
+    bool, typer.Option("--mmap-index", help="Memory-map the index file, not read it in (docs/scale.md).")
+]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Draw progress bars.")]
 PoolingOpt = Annotated[Pooling | None, typer.Option("--pooling", help="Override the model's pooling.")]
 NormalizeOpt = Annotated[

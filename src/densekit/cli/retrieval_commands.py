@@ -16,6 +16,7 @@ from densekit.cli.options import (
     DataDirArg,
     DepthOpt,
     DeviceOpt,
+    MmapIndexOpt,
     ModelArg,
     ModuleOpt,
     NormalizeOpt,
@@ -78,7 +79,7 @@ def bm25(
     check_file_output(output, RUN_KIND, [data_dir])
     dataset = Dataset.open(data_dir)
     queries, _ = dataset.split_queries(split)
-    index = BM25Index(dataset.iter_corpus(), BM25Config(k1=k1, b=b), show_progress=progress)
+    index = BM25Index.of_dataset(dataset, BM25Config(k1=k1, b=b), progress)
     write_run(output, index.search(queries, k), tag="bm25", inputs=[data_dir])
     log.info("wrote %s (%d queries)", output, len(queries))
 
@@ -238,10 +239,7 @@ def search(
     gpu_index: Annotated[
         bool, typer.Option("--gpu-index", help="Search the index on the GPUs faiss sees.")
     ] = False,
-    mmap_index: Annotated[
-        bool,
-        typer.Option("--mmap-index", help="Memory-map the index file, not read it in (docs/scale.md)."),
-    ] = False,
+    mmap_index: MmapIndexOpt = False,
     ef_search: Annotated[
         int | None, typer.Option(help="HNSW: override the saved candidate list.", **_bounds("ef_search"))
     ] = None,

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from densekit.cli.options import BackendOpt, DeviceOpt, ModelArg, ModuleOpt
+from densekit.cli.options import BackendOpt, DeviceOpt, MmapIndexOpt, ModelArg, ModuleOpt
 
 log = logging.getLogger("densekit")
 API_KEY_VARIABLE = "DENSEKIT_API_KEY"
@@ -72,6 +72,7 @@ def serve(
         ),
     ] = None,
     device: DeviceOpt = "auto",
+    mmap_index: MmapIndexOpt = False,
     backend: BackendOpt = "torch",
     precision: Annotated[
         str,
@@ -143,13 +144,17 @@ def serve(
                     max_queries=max_queries, max_body_bytes=max_body_bytes, max_queued=max_queued,
                     request_timeout_s=request_timeout or None)  # fmt: skip
     extra = [_module_and_index(text) for text in module_index or []]
-    retrievers = [Retriever.open(model, index_dir, corpus, module, device, show_progress=True)]
+    retrievers = [
+        Retriever.open(model, index_dir, corpus, module, device, show_progress=True, mmap_index=mmap_index)
+    ]
     if retrievers[0].route is not None and extra:
         raise ValueError(f"{model} is a route: it serves its modules itself; --module-index does not apply")
     encoder = retrievers[0].encoder
     for module_dir, extra_index in extra:
         encoder.load_module(module_dir)  # shares the base; activated while its retriever is checked
-        retrievers.append(Retriever.over(encoder, extra_index, corpus, show_progress=True))
+        retrievers.append(
+            Retriever.over(encoder, extra_index, corpus, show_progress=True, mmap_index=mmap_index)
+        )
     encoder.activate(retrievers[0].module)
     if backend == "onnx" and (retrievers[0].route is not None or extra):
         raise ValueError(f"--backend {backend} serves one model and its index: not a route or --module-index")

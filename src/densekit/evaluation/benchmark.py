@@ -208,7 +208,7 @@ def benchmark_collection(
     bm25_identity = {**split_identity, "bm25": bm25_config.model_dump()}
     with _stage(stages, "bm25", is_current(bm25_run, RUN_KIND, bm25_identity)) as fresh:
         if fresh:
-            index = BM25Index(dataset.iter_corpus(), bm25_config, show_progress=show_progress)
+            index = BM25Index.of_dataset(dataset, bm25_config, show_progress)
             write_run(bm25_run, index.search(queries, k), "bm25", [dataset.root], bm25_identity)
 
     given = None

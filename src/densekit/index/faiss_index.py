@@ -144,8 +144,10 @@ class SearchIndex:
         folder: Path,
         gpu: bool = False,
         identity: dict[str, Any] | None = None,
+        mmap: bool = False,
     ):
         self.index = index
+        self.mmap = mmap  # its bulk read from its file as searches touch it (`load`)
         self.parameters = faiss.GpuParameterSpace() if gpu else faiss.ParameterSpace()
         self.ids = np.asarray(ids, dtype=object)
         self.meta = meta
@@ -215,7 +217,7 @@ class SearchIndex:
             raise DataError([Problem(folder / IDS_FILE, None, f"{len(ids)} ids for {index.ntotal} vectors")])
         if gpu:
             index = _to_gpus(index, meta["spec"]["type"])
-        return cls(index, ids, meta, folder, gpu=gpu, identity=manifest.identity)
+        return cls(index, ids, meta, folder, gpu=gpu, identity=manifest.identity, mmap=mmap)
 
     @property
     def dimension(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -58,23 +59,33 @@ def bm25_candidates(
     return ranked, positive_scores
 
 
-def dense_candidates(
+def dense_ranking(
     encoder: DenseEncoder,
     index: SearchIndex,
-    texts: dict[str, str],
     examples: list[TrainingExample],
     depth: int,
     batch_size: int = 64,
     show_progress: bool = True,
-) -> tuple[Run, dict[str, dict[str, float]]]:
-    """The index's top `depth` for each query, and the exact scores of its positives under `encoder`."""
+) -> tuple[Run, np.ndarray]:
+    """The index's top `depth` for each example's query, and the queries' vectors."""
     check_compatible(encoder, index)
-    query_ids = [e.query_id for e in examples]
     with progress_bar("encoding queries", len(examples), show_progress) as advance:
         query_vectors = embed_texts(
             encoder, [e.query for e in examples], "query", batch_size, advance=advance
         )
-    ranked = index.search_run(query_vectors, query_ids, depth)
+    return index.search_run(query_vectors, [e.query_id for e in examples], depth), query_vectors
+
+
+def dense_positive_scores(
+    encoder: DenseEncoder,
+    index: SearchIndex,
+    examples: list[TrainingExample],
+    query_vectors: np.ndarray,
+    texts: Mapping[str, str],
+    batch_size: int = 64,
+) -> dict[str, dict[str, float]]:
+    """The exact score under `encoder` of each example's positives (their `texts` encoded unless the
+    index holds their vectors)."""
     positives = sorted({p for e in examples for p in e.positives})
     # a flat index holds the very vectors `encoder` makes of them (check_compatible): no encoding again
     positive_vectors = index.stored_vectors(positives)
@@ -87,7 +98,21 @@ def dense_candidates(
         positive_scores[example.query_id] = dict(
             zip(example.positives, np.asarray(scores).tolist(), strict=True)
         )
-    return ranked, positive_scores
+    return positive_scores
+
+
+def dense_candidates(
+    encoder: DenseEncoder,
+    index: SearchIndex,
+    texts: Mapping[str, str],
+    examples: list[TrainingExample],
+    depth: int,
+    batch_size: int = 64,
+    show_progress: bool = True,
+) -> tuple[Run, dict[str, dict[str, float]]]:
+    """The index's top `depth` for each query, and the exact scores of its positives under `encoder`."""
+    ranked, query_vectors = dense_ranking(encoder, index, examples, depth, batch_size, show_progress)
+    return ranked, dense_positive_scores(encoder, index, examples, query_vectors, texts, batch_size)
 
 
 def mine(
@@ -125,14 +150,15 @@ def mine(
         report = {"source": "none", "queries": len(examples), "negatives_written": 0}
         write_report(output, report, inputs)
         return report
-    documents = list(dataset.iter_corpus())
-    texts = {doc.id: doc.full_text for doc in documents}
     depth = settings.last_rank
     without_terms: list[str] = []
+    # The corpus is streamed, never held: BM25 indexes it as it goes by, and only the texts the filters
+    # compare (positives and the candidates in the rank range) are kept, read in one more pass.
     if source == "bm25":
-        bm25 = BM25Index(documents, show_progress=show_progress)
+        bm25 = BM25Index.of_dataset(dataset, show_progress=show_progress)
         ranked, positive_scores = bm25_candidates(bm25, examples, depth)
         without_terms = bm25.queries_without_terms
+        texts = texts_of(dataset, compared_ids(examples, ranked, settings))
     elif source == "dense":
         if encoder is None:
             raise ValueError("dense mining needs a model")
@@ -140,10 +166,10 @@ def mine(
             index = SearchIndex.load(index_dir)
             check_compatible(encoder, index, dataset)
         else:
-            index = index_corpus(encoder, documents, batch_size, show_progress=show_progress)
-        ranked, positive_scores = dense_candidates(
-            encoder, index, texts, examples, depth, batch_size, show_progress
-        )
+            index = index_corpus(encoder, dataset.iter_corpus(), batch_size, show_progress=show_progress)
+        ranked, query_vectors = dense_ranking(encoder, index, examples, depth, batch_size, show_progress)
+        texts = texts_of(dataset, compared_ids(examples, ranked, settings))
+        positive_scores = dense_positive_scores(encoder, index, examples, query_vectors, texts, batch_size)
     else:
         raise ValueError(f"unknown source {source!r}: expected bm25, dense or none")
     mined, tally = choose_negatives(examples, ranked, positive_scores, texts, settings)
@@ -152,6 +178,19 @@ def mine(
     report = tally.as_dict(settings, source)
     write_report(output, report, inputs)
     return report
+
+
+def compared_ids(examples: list[TrainingExample], ranked: Run, settings: MiningSettings) -> set[str]:
+    """The documents whose texts mining reads: every positive and each candidate in the rank range."""
+    ids = {p for e in examples for p in e.positives}
+    for example in examples:
+        ids.update(list(ranked.get(example.query_id, {}))[settings.first_rank - 1 : settings.last_rank])
+    return ids
+
+
+def texts_of(dataset: Dataset, ids: set[str]) -> dict[str, str]:
+    """The full texts of the documents `ids`, read in one pass over the corpus."""
+    return {doc.id: doc.full_text for doc in dataset.iter_corpus() if doc.id in ids}
 
 
 def _examples_to_mine(dataset: Dataset, path: Path, domain: str | None) -> list[TrainingExample]:

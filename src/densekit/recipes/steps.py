@@ -272,7 +272,7 @@ class BM25Step(Step):
         queries, _ = dataset.split_queries(self.split)
         write_run(
             Path(self.output),
-            BM25Index(dataset.iter_corpus(), self.config, show_progress).search(queries, self.k),
+            BM25Index.of_dataset(dataset, self.config, show_progress).search(queries, self.k),
             tag="bm25",
             inputs=self.inputs(),
         )

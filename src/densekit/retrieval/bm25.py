@@ -13,13 +13,14 @@ fewer; densekit keeps that fill (mined negatives and the published figures here 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import bm25s
 import numpy as np
 import Stemmer
 from pydantic import BaseModel, ConfigDict, Field
 
+from densekit.data.dataset import Dataset
 from densekit.data.hits import Hits
 from densekit.data.records import Document, Run
 from densekit.progress import progress_bar
@@ -49,26 +50,44 @@ class BM25Index:
     """
 
     def __init__(
-        self, documents: Iterable[Document], config: BM25Config = BM25Config(), show_progress: bool = True
+        self,
+        documents: Iterable[Document],
+        config: BM25Config = BM25Config(),
+        show_progress: bool = True,
+        total: int | None = None,
     ):
+        """Index `documents` as they stream by, `_CHUNK` at a time; `total` (their number, when known)
+        sizes the progress bar."""
         self.config = config
         self.stemmer = Stemmer.Stemmer(config.stemmer) if config.stemmer else None
         self.show_progress = show_progress
         self.queries_without_terms: list[str] = []
-        texts, ids = [], []
-        for doc in documents:
-            ids.append(doc.id)
-            texts.append(doc.full_text)
+        ids: list[str] = []
+        vocabulary: dict[str, int] = {}
+        # Each document's terms as an int32 array of ids into one vocabulary for the whole corpus (bm25s
+        # numbers terms per tokenize call, so chunks cannot use its ids): about 4 bytes a term, where the
+        # lists of strings bm25s.tokenize returns take some 60 a term (3.6 GiB at 1M passages).
+        token_ids: list[np.ndarray] = []
+        with progress_bar("BM25 indexing", total, show_progress) as advance:
+            for chunk in _chunks(documents, _CHUNK):
+                ids.extend(doc.id for doc in chunk)
+                for terms in self.tokens([doc.full_text for doc in chunk]):
+                    numbered = [vocabulary.setdefault(term, len(vocabulary)) for term in terms]
+                    token_ids.append(np.asarray(numbered, dtype=np.int32))
+                advance(len(chunk))
         self.ids = np.asarray(ids, dtype=object)
-        self._rows = {doc_id: row for row, doc_id in enumerate(ids)}
+        self._row_of: dict[str, int] | None = None
         self.retriever = bm25s.BM25(k1=config.k1, b=config.b)
-        with progress_bar("BM25 indexing", len(texts), show_progress) as advance:
-            tokens = []
-            for start in range(0, len(texts), _CHUNK):
-                tokens.extend(self.tokens(texts[start : start + _CHUNK]))
-                advance(len(texts[start : start + _CHUNK]))
         # bm25s draws its own tqdm bars when asked; densekit draws its own instead, and only when asked
-        self.retriever.index(tokens, show_progress=False)
+        self.retriever.index((token_ids, vocabulary), show_progress=False)
+
+    @classmethod
+    def of_dataset(
+        cls, dataset: Dataset, config: BM25Config = BM25Config(), show_progress: bool = True
+    ) -> BM25Index:
+        """Index `dataset`'s corpus, streamed (its documents counted first when a progress bar is shown)."""
+        total = dataset.count_documents() if show_progress else None
+        return cls(dataset.iter_corpus(), config, show_progress, total)
 
     def tokens(self, texts: list[str]) -> list[list[str]]:
         """Each text's terms: tokenized, stop words removed, stemmed."""
@@ -88,7 +107,9 @@ class BM25Index:
         if not terms:
             return [0.0] * len(doc_ids)
         scores = self.retriever.get_scores(terms)
-        return [float(scores[self._rows[doc_id]]) for doc_id in doc_ids]
+        if self._row_of is None:  # only mining asks: a search needs no id's row
+            self._row_of = {doc_id: row for row, doc_id in enumerate(self.ids)}
+        return [float(scores[self._row_of[doc_id]]) for doc_id in doc_ids]
 
     def search(self, queries: dict[str, str], k: int = 1000, skip_self: bool = True) -> Run:
         """The top `k` documents for each query; a query with no term gets none (see the class)."""
@@ -120,3 +141,15 @@ class BM25Index:
                 "and get no BM25 results: %s%s", len(self.queries_without_terms), shown, more,
             )  # fmt: skip
         return {q: run[q] for q in query_ids}
+
+
+def _chunks(documents: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    """`documents` in lists of `size` (the last shorter)."""
+    chunk = []
+    for document in documents:
+        chunk.append(document)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

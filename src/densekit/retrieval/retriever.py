@@ -57,17 +57,19 @@ class Retriever:
         device: str = "auto",
         gpu_index: bool = False,
         show_progress: bool = False,
+        mmap_index: bool = False,
     ) -> Retriever:
         """Load the model (with `module` on it) in inference mode, the index and, given the `corpus`
         collection the index was built from, its document store (built beside the index the first
-        time). `model` may be a route folder: its base and modules, routing each query."""
+        time), the index memory-mapped with `mmap_index`. `model` may be a route folder: its base and
+        modules, routing each query."""
         if is_route_folder(model):
             if module is not None:
                 raise ValueError(f"{model} is a route folder: it names its modules; a module does not apply")
             route = Route.load(model, resolve_device(device))
-            return cls.over(route.encoder, index_dir, corpus, gpu_index, show_progress, route)
+            return cls.over(route.encoder, index_dir, corpus, gpu_index, show_progress, route, mmap_index)
         encoder = DenseEncoder.load(model, module=module).to(resolve_device(device)).eval()
-        return cls.over(encoder, index_dir, corpus, gpu_index, show_progress)
+        return cls.over(encoder, index_dir, corpus, gpu_index, show_progress, mmap_index=mmap_index)
 
     @classmethod
     def over(
@@ -78,13 +80,14 @@ class Retriever:
         gpu_index: bool = False,
         show_progress: bool = False,
         route: Route | None = None,
+        mmap_index: bool = False,
     ) -> Retriever:
         """A retriever of `encoder`, as it is now (its active module), or of `route` on it, over a saved
         index and the documents of `corpus`; several may share one encoder, each with its own module
         (`serve`)."""
         from densekit.retrieval.documents import open_document_store, store_path
 
-        index = SearchIndex.load(index_dir, gpu=gpu_index)
+        index = SearchIndex.load(index_dir, gpu=gpu_index, mmap=mmap_index)
         dataset = Dataset.open(corpus) if corpus is not None else None
         documents = None
         if dataset is not None:

@@ -308,6 +308,7 @@ def _index_info(retriever: Retriever) -> dict:
         "type": index.meta.get("backend", index.spec.type),
         "rows": index.rows,
         "folder": str(index.folder),
+        "memory_mapped": getattr(index, "mmap", False),
     }
 
 
