@@ -58,3 +58,27 @@ def test_exponents_are_the_log_log_slopes_of_the_stages_that_ran():
     assert slopes["linear"] == pytest.approx(1.0) and slopes["quadratic"] == pytest.approx(2.0)
     assert "broke" not in slopes  # one size is not a slope
     assert json.loads(json.dumps(slopes)) == slopes
+
+
+def test_the_imported_vectors_are_unit_rows_and_the_encoder_s_own_for_judged_passages(tmp_path: Path):
+    import numpy as np
+
+    from benchmarks.scale_collection import make_encoder
+    from benchmarks.scale_imported import judged_passages, write_vectors
+    from densekit.encoding.embed import embed_texts
+    from densekit.models import DenseEncoder
+
+    data = generate_collection(tmp_path / "data", 3200, shared_collection("scifact").parent, seed=2)
+    model = make_encoder(tmp_path / "model")
+    vectors = np.load(write_vectors(data, model, tmp_path / "vectors.npy"))
+    assert vectors.shape == (3200, 384) and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    documents = list(Dataset.open(data).iter_corpus())
+    judged = judged_passages(data)
+    rows = [row for row, document in enumerate(documents) if document.id in judged]
+    assert len(judged) == TEST_QUERIES + TRAIN_QUERIES == len(rows)
+    expected = embed_texts(DenseEncoder.load(model), [documents[r].full_text for r in rows], "passage")
+    assert np.allclose(vectors[rows], expected, atol=1e-5)
+    others = np.setdiff1d(np.arange(3200), rows)
+    assert np.abs(vectors[others] @ expected.mean(axis=0)).max() < 0.5  # random, not the encoder's
+    assert not (tmp_path / "vectors.npy.partial").exists()

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from densekit.models.config import Pooling
-from densekit.models.encoder import DenseEncoder
 
 if TYPE_CHECKING:
+    from densekit.models.encoder import DenseEncoder
     from densekit.models.modules.route import Route
 
 ModelArg = Annotated[
@@ -94,6 +94,7 @@ def load_encoder(
 ) -> DenseEncoder:
     """Load `model` (with `module` on it) with the command line's overrides and move it to `device`."""
     from densekit.encoding.device import resolve_device
+    from densekit.models.encoder import DenseEncoder
 
     encoder = DenseEncoder.load(
         model,
