@@ -4,11 +4,14 @@ into passages, indexes each, and scores the document by its best passage."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from densekit.data.records import Document, Run
-from densekit.models.encoder import DenseEncoder
+
+if TYPE_CHECKING:
+    from densekit.models.encoder import DenseEncoder
 
 PASSAGE_MARK = "#p"
 
