@@ -171,6 +171,16 @@ def run_children(argvs: list[list[str]], log: Path) -> dict:
     return result
 
 
+def stage_outputs(argvs: list[list[str]]) -> list[Path]:
+    """What a stage's commands write: the values of their `-o`, `--json` and `--uri` options."""
+    return [
+        Path(argv[i + 1])
+        for argv in argvs
+        for i, arg in enumerate(argv[:-1])
+        if arg in ("-o", "--json", "--uri")
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -272,6 +282,11 @@ def measure(size: int, work: Path, shared: Path, skip: set[str], only: set[str] 
         if name in skip:
             results[name] = {"status": "skipped", "reason": "--skip"}
             continue
+        if only is not None:  # the earlier run's outputs of this stage: made again, not reused
+            for output in stage_outputs(argvs) + ([store] if name == "documents store" else []):
+                for made in (output, Path(f"{output}.report.json")):
+                    shutil.rmtree(made) if made.is_dir() else made.unlink(missing_ok=True)
+                    made.with_name(f".{made.name}.densekit.json").unlink(missing_ok=True)
         results[name] = run_children(argvs, logs / f"{name.replace(' ', '_')}.log")
         print(f"{size}: {name}: {results[name]}", flush=True)
         if name == "bm25":
