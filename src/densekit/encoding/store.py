@@ -215,11 +215,6 @@ class EmbeddingStore:
         """Every id, in corpus order across parts."""
         return [doc_id for part in self.parts for doc_id in part.ids()]
 
-    def iter_parts(self) -> Iterator[np.ndarray]:
-        """Each part's memory-mapped vectors in order, so a large corpus never has to fit in memory."""
-        for part in self.parts:
-            yield part.vectors()
-
     def vectors(self) -> np.ndarray:
         """All vectors: memory-mapped when there is one part, concatenated into memory otherwise."""
         if len(self.parts) == 1:
