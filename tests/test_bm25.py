@@ -72,7 +72,7 @@ def test_an_index_built_in_chunks_scores_as_one_built_whole(beir_dir: Path, monk
     dataset = Dataset.open(beir_dir)
     queries = {**dataset.queries(), "all": "domesticated mammals programming language energy"}
     whole = BM25Index(dataset.iter_corpus(), show_progress=False)
-    monkeypatch.setattr("densekit.retrieval.bm25._CHUNK", 2)
+    monkeypatch.setattr("densekit.retrieval.bm25._INDEX_CHUNK", 2)
     chunked = BM25Index(dataset.iter_corpus(), show_progress=False, total=dataset.count_documents())
     assert chunked.search(queries, k=5) == whole.search(queries, k=5)
     ids = list(whole.ids)

@@ -27,7 +27,8 @@ from densekit.progress import progress_bar
 
 log = logging.getLogger("densekit")
 
-_CHUNK = 1024  # texts tokenized or queries retrieved between two advances of the progress bar
+_CHUNK = 1024  # queries retrieved between two advances of the progress bar
+_INDEX_CHUNK = 8192  # documents tokenized at a time (bm25s stems each call's distinct words once)
 
 
 class BM25Config(BaseModel):
@@ -56,24 +57,22 @@ class BM25Index:
         show_progress: bool = True,
         total: int | None = None,
     ):
-        """Index `documents` as they stream by, `_CHUNK` at a time; `total` (their number, when known)
-        sizes the progress bar."""
+        """Index `documents` as they stream by, `_INDEX_CHUNK` at a time; `total` (their number, when
+        known) sizes the progress bar."""
         self.config = config
         self.stemmer = Stemmer.Stemmer(config.stemmer) if config.stemmer else None
         self.show_progress = show_progress
         self.queries_without_terms: list[str] = []
         ids: list[str] = []
         vocabulary: dict[str, int] = {}
-        # Each document's terms as an int32 array of ids into one vocabulary for the whole corpus (bm25s
-        # numbers terms per tokenize call, so chunks cannot use its ids): about 4 bytes a term, where the
-        # lists of strings bm25s.tokenize returns take some 60 a term (3.6 GiB at 1M passages).
+        # Each document's terms as an int32 array of ids into one vocabulary for the whole corpus: about
+        # 4 bytes a term, where the lists of strings bm25s.tokenize can return take some 60 a term
+        # (3.6 GiB at 1M passages).
         token_ids: list[np.ndarray] = []
         with progress_bar("BM25 indexing", total, show_progress) as advance:
-            for chunk in _chunks(documents, _CHUNK):
+            for chunk in _chunks(documents, _INDEX_CHUNK):
                 ids.extend(doc.id for doc in chunk)
-                for terms in self.tokens([doc.full_text for doc in chunk]):
-                    numbered = [vocabulary.setdefault(term, len(vocabulary)) for term in terms]
-                    token_ids.append(np.asarray(numbered, dtype=np.int32))
+                token_ids.extend(self._numbered([doc.full_text for doc in chunk], vocabulary))
                 advance(len(chunk))
         self.ids = np.asarray(ids, dtype=object)
         self._row_of: dict[str, int] | None = None
@@ -88,6 +87,18 @@ class BM25Index:
         """Index `dataset`'s corpus, streamed (its documents counted first when a progress bar is shown)."""
         total = dataset.count_documents() if show_progress else None
         return cls(dataset.iter_corpus(), config, show_progress, total)
+
+    def _numbered(self, texts: list[str], vocabulary: dict[str, int]) -> list[np.ndarray]:
+        """Each text's terms as ids into `vocabulary`, which gains the terms first seen here. bm25s
+        numbers terms afresh at each call; its numbers are mapped onto the corpus's."""
+        config = self.config
+        numbers, terms = bm25s.tokenize(
+            texts, stopwords=config.stopwords, stemmer=self.stemmer, return_ids=True, show_progress=False
+        )
+        to_corpus = np.empty(len(terms), dtype=np.int32)
+        for term, number in terms.items():
+            to_corpus[number] = vocabulary.setdefault(term, len(vocabulary))
+        return [to_corpus[np.asarray(doc, dtype=np.intp)] for doc in numbers]
 
     def tokens(self, texts: list[str]) -> list[list[str]]:
         """Each text's terms: tokenized, stop words removed, stemmed."""
