@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.machine import machine_info
-from benchmarks.scale import DENSEKIT, run_children
+from benchmarks.scale import DENSEKIT, run_children, stage_outputs
 from benchmarks.scale_collection import generate_collection, make_encoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,8 +78,9 @@ def write_vectors(data: Path, model: Path, path: Path, seed: int = 0) -> Path:
     return path
 
 
-def measure(passages: int, work: Path, shared: Path) -> dict:
-    """Every stage after encoding at `passages` passages; artefacts under `work/imported-<passages>`."""
+def measure(passages: int, work: Path, shared: Path, only: set[str] | None = None) -> dict:
+    """Every stage after encoding at `passages` passages (or the stages `only` names, over an earlier
+    run's artefacts, each one's own output made again); artefacts under `work/imported-<passages>`."""
     base = work / f"imported-{passages}"
     begin = time.perf_counter()
     data = generate_collection(base / "data", passages, shared)
@@ -87,9 +88,9 @@ def measure(passages: int, work: Path, shared: Path) -> dict:
     vectors = write_vectors(data, model, base / "vectors.npy")
     prepared = round(time.perf_counter() - begin, 1)
     logs, out = base / "logs", base / "out"
-    if out.exists():
+    if out.exists() and only is None:
         shutil.rmtree(out)  # every artefact of the last run here, so that each stage does its whole work
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
 
     def dk(*args: object) -> list[str]:
         return [*DENSEKIT, "--quiet", *map(str, args)]
@@ -113,6 +114,11 @@ def measure(passages: int, work: Path, shared: Path) -> dict:
     started = time.perf_counter()
     results = {}
     for name, argv in stages.items():
+        if only is not None:
+            if name not in only:
+                continue
+            for output in stage_outputs([argv]):
+                shutil.rmtree(output) if output.is_dir() else output.unlink(missing_ok=True)
         results[name] = run_children([argv], logs / f"{name.replace(' ', '_')}.log")
         print(f"{passages}: {name}: {results[name]}", flush=True)
         if results[name]["status"] != "ok":
@@ -145,6 +151,9 @@ def main() -> None:
     results_file = ROOT / "benchmarks" / "results" / "scale_imported.json"
     parser.add_argument("--output", type=Path, default=results_file)
     parser.add_argument("--prepare-only", action="store_true", help="make the collection and vectors; stop")
+    parser.add_argument(
+        "--only", nargs="+", help="run just these stages again, in place of the earlier run's"
+    )
     args = parser.parse_args()
     if args.prepare_only:
         base = args.work / f"imported-{args.passages}"
@@ -152,7 +161,16 @@ def main() -> None:
         print(write_vectors(data, make_encoder(args.work / "model"), base / "vectors.npy"))
         return
     results = json.loads(args.output.read_text()) if args.output.is_file() else {}
-    results[str(args.passages)] = measure(args.passages, args.work, args.shared)
+    run = measure(args.passages, args.work, args.shared, set(args.only) if args.only else None)
+    earlier = results.get(str(args.passages))
+    if args.only and earlier is not None:
+        for entry in run["stages"].values():
+            entry["measured_separately"] = run["machine"]["date"]
+        earlier["stages"].update(run["stages"])
+        peak = max(stage["peak_rss_mib"] for stage in earlier["stages"].values())
+        earlier.update(largest_peak_gib=round(peak / 1024, 2), within_limit=peak / 1024 <= LIMIT_GIB)
+        run = earlier
+    results[str(args.passages)] = run
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
 
