@@ -75,8 +75,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--size", type=int, default=1_000_000)
     parser.add_argument("--work", type=Path, default=Path("/work/runs/scale"))
-    parser.add_argument("--build-rounds", type=int, nargs=2, default=[3, 1], help="flat, ivfpq")
+    parser.add_argument(
+        "--build-rounds", type=int, nargs=2, default=[3, 1], help="flat, ivfpq; 0: OUTPUT's kept"
+    )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--kinds", nargs="+", choices=("flat", "ivfpq"), default=["flat", "ivfpq"],
+        help="measure only these indexes; the others' entries in OUTPUT are kept, marked `earlier_run`",
+    )  # fmt: skip
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "scale_ratios.json")
     args = parser.parse_args()
     out = args.work / str(args.size) / "out"
@@ -84,14 +90,20 @@ def main() -> None:
     queries = np.load(out / "queries.npy")
     query_ids = [f"q{i}" for i in range(len(queries))]
     results = {"passages": len(store), "queries": len(queries), "machine": machine_info(), "indexes": {}}
+    if set(args.kinds) != {"flat", "ivfpq"} and args.output.is_file():
+        earlier = json.loads(args.output.read_text())
+        results["indexes"] = {k: {**v, "earlier_run": True} for k, v in earlier["indexes"].items()}
     for kind, build_rounds in zip(("flat", "ivfpq"), args.build_rounds, strict=True):
+        if kind not in args.kinds:
+            continue
         folder = out / f"index-{kind}"  # built by the scale run: its parameters are the automatic ones
         ours = SearchIndex.load(folder)
         with tempfile.TemporaryDirectory(dir=out) as scratch:
-            row = {
-                "spec": ours.spec.model_dump(),
-                "build": compare_builds(store, ours.spec, build_rounds, Path(scratch)),
-            }
+            row = {"spec": ours.spec.model_dump()}
+            if build_rounds:
+                row["build"] = compare_builds(store, ours.spec, build_rounds, Path(scratch))
+            elif kind in results["indexes"]:  # not built again: the earlier run's figures
+                row["build"] = results["indexes"][kind]["build"] | {"earlier_run": True}
         raw = faiss.read_index(str(folder / INDEX_FILE))
         if kind == "ivfpq":
             faiss.ParameterSpace().set_index_parameter(raw, "nprobe", ours.spec.nprobe)

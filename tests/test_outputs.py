@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.io import atomic
 from densekit.io.artefact import artefact_dir, read_manifest
 from densekit.io.atomic import atomic_dir, exchange, remove_dead_temporaries
+from densekit.io.fingerprint import file_digest, write_digested
 from densekit.io.outputs import OutputError, check_file_output, claim_folder, clear_folder, write_output_text
 from densekit.models import DenseEncoder
 
@@ -309,3 +311,36 @@ def test_a_run_refused_for_bad_input_leaves_no_folder_behind(capsys, beir_dir: P
     pretrain.write_text(f"data: {{path: {tmp_path / 'no-such-corpus.txt'}}}\n")
     code, err, _ = cli(capsys, "pretrain", pretrain, "--out", tmp_path / "pre", "--no-progress")
     assert code == 2 and "no-such-corpus.txt" in err and not (tmp_path / "pre").exists()
+
+
+def test_a_digest_taken_while_writing_is_the_written_file_s_and_a_failed_writer_stops_its_hasher(
+    tmp_path: Path,
+):
+    blocks = [bytes(range(256)) * 4096, b"", b"tail"]
+
+    def write_all(write):
+        for block in blocks:
+            write(block)
+
+    path = tmp_path / "file.bin"
+    assert write_digested(path, write_all) == file_digest(path)
+    assert path.read_bytes() == b"".join(blocks)
+
+    threads = threading.active_count()
+
+    def fail(write):
+        write(b"start")
+        raise OSError("no space left on device")
+
+    with pytest.raises(OSError, match="no space"):
+        write_digested(tmp_path / "failed.bin", fail)
+    assert threading.active_count() == threads
+
+
+def test_an_index_s_saved_checksum_is_that_of_its_file(embeddings: Path, tmp_path: Path):
+    store = EmbeddingStore.open(embeddings)
+    build_index(store, IndexSpec(type="flat"), tmp_path / "index", show_progress=False)
+    manifest = read_manifest(tmp_path / "index")
+    files = sorted(p.name for p in (tmp_path / "index").iterdir() if p.name != "densekit-artefact.json")
+    assert sorted(manifest.checksums) == files
+    assert all(manifest.checksums[name] == file_digest(tmp_path / "index" / name) for name in files)

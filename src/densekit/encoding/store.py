@@ -74,15 +74,16 @@ class EmbeddingPart:
         except (ValueError, OSError, EOFError) as err:
             raise DataError([Problem(path, None, self._unreadable(path, err))]) from None
 
-    def row_chunks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    def row_chunks(self, rows: int, into: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """The part's vectors `rows` at a time, as (first row, array), each read through a memory map
-        of its own (`iter_row_chunks`), so that resident memory stays one chunk."""
+        of its own (`iter_row_chunks`), so that resident memory stays one chunk; with `into` (an array
+        of the part's shape) they are copied into it."""
         path = self.stem.with_suffix(".npy")
         try:
             header = read_npy_header(path)
         except (ValueError, OSError) as err:
             raise DataError([Problem(path, None, self._unreadable(path, err))]) from None
-        yield from iter_row_chunks(path, header, rows)
+        yield from iter_row_chunks(path, header, rows, into)
 
     def _unreadable(self, path: Path, err: Exception) -> str:
         """Why numpy could not load the part's vectors, in words."""

@@ -27,6 +27,7 @@ from densekit.encoding.store import EmbeddingStore
 from densekit.index.memory import check_fits
 from densekit.index.spec import IndexSpec, SpecError
 from densekit.io.artefact import artefact_dir, check_artefact_dir, read_manifest, verify
+from densekit.io.fingerprint import write_digested
 from densekit.io.outputs import check_not_input
 from densekit.progress import progress_bar
 
@@ -38,6 +39,7 @@ META_FILE = "index.json"
 KIND = "index"
 _ADD_BATCH = 65536
 _MAX_TRAINING_POINTS = 256 * 1024
+_WRITE_BLOCK = 4 << 20
 
 
 def build_index(
@@ -82,18 +84,28 @@ def build_index(
         return chosen
 
     index = _empty_index(spec, dimension, sample)
+    flat_rows = _flat_rows(index, rows, dimension) if spec.type == "flat" else None
+    if spec.type == "hnsw":
+        _reserve_storage(faiss.downcast_index(index.storage), rows)
     with progress_bar(f"indexing ({spec.type})", rows, show_progress) as advance:
+        offset = 0
         for part in store.parts:
-            for start, rows_read in part.row_chunks(add_batch):
-                batch = np.ascontiguousarray(rows_read, dtype=np.float32)
+            part_rows = int(part.meta["rows"])
+            into = None if flat_rows is None else flat_rows[offset : offset + part_rows]
+            for start, batch in part.row_chunks(add_batch, into):
                 _check_finite(batch, part.stem.with_suffix(".npy"), part.ids, start)
-                index.add(batch)
+                if into is None:
+                    index.add(batch)
                 advance(len(batch))
+            offset += part_rows
+    if flat_rows is not None:
+        index.ntotal = rows
     meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp}
     identity = {"embeddings": store.identity, "spec": spec.model_dump()}
     about = {**store.about, "embeddings": str(store.folder)}
-    with artefact_dir(output, KIND, identity, about) as tmp:
-        faiss.write_index(index, str(tmp / INDEX_FILE))
+    digests: dict[str, str] = {}
+    with artefact_dir(output, KIND, identity, about, digests) as tmp:
+        digests[INDEX_FILE] = _write_index(index, tmp / INDEX_FILE)
         with (tmp / IDS_FILE).open("wb") as ids:  # each part's ids end in a newline
             for part in store.parts:
                 with part.stem.with_suffix(".ids").open("rb") as source:
@@ -114,6 +126,29 @@ def _empty_index(spec: IndexSpec, dimension: int, training_sample: Callable[[], 
     if not index.is_trained:
         index.train(training_sample())
     return index
+
+
+def _write_index(index: faiss.Index, path: Path) -> str:
+    """Save `index` to `path` and return the file's digest, taken as it is written."""
+    return write_digested(
+        path, lambda write: faiss.write_index(index, faiss.PyCallbackIOWriter(write, _WRITE_BLOCK))
+    )
+
+
+def _flat_rows(index: faiss.IndexFlat, rows: int, dimension: int) -> np.ndarray:
+    """A flat index's store, sized for `rows` vectors, as the array to copy them into (the index counts
+    them once its `ntotal` is set): faiss's `add` would copy each batch once more and grow the store by
+    doubling, copying all it holds each time."""
+    size = rows * index.code_size
+    index.codes.resize(size)
+    return faiss.rev_swig_ptr(index.codes.data(), size).view(np.float32).reshape(rows, dimension)
+
+
+def _reserve_storage(flat: faiss.IndexFlat, rows: int) -> None:
+    """Give HNSW's flat store room for every row before the batches come, so faiss does not grow it by
+    doubling, copying all it holds each time."""
+    flat.codes.resize(rows * flat.code_size)
+    flat.codes.resize(0)  # the room stays
 
 
 def _training_sample(chunks: Iterable[tuple[int, np.ndarray]], rows: int, seed: int) -> np.ndarray:

@@ -116,16 +116,23 @@ def check_artefact_dir(path: Path | str, kind: str) -> None:
 
 @contextlib.contextmanager
 def artefact_dir(
-    path: Path | str, kind: str, identity: dict[str, Any], about: dict | None = None
+    path: Path | str,
+    kind: str,
+    identity: dict[str, Any],
+    about: dict | None = None,
+    digests: dict[str, str] | None = None,
 ) -> Iterator[Path]:
     """Write a `kind` folder atomically, with its manifest and checksums.
 
     Only an empty folder or one densekit made as the same kind is ever replaced; anything else at
-    `path` is refused before any work.
+    `path` is refused before any work. `digests`, which the caller may fill inside the block, holds
+    checksums of files it computed as it wrote them (`write_digested`); the others are read back.
     """
+    digests = {} if digests is None else digests
     with atomic_dir(path, may_replace=lambda existing: is_artefact(existing, kind)) as tmp:
         yield tmp
-        manifest = new_manifest(kind, identity, tree_checksums(tmp, skip={MANIFEST}), about)
+        checksums = tree_checksums(tmp, skip={MANIFEST, *digests}) | digests
+        manifest = new_manifest(kind, identity, dict(sorted(checksums.items())), about)
         (tmp / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
 
 

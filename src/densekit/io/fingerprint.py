@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import queue
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 _CHUNK = 1 << 20
@@ -14,6 +17,33 @@ def file_digest(path: Path | str) -> str:
     with Path(path).open("rb") as handle:
         while block := handle.read(_CHUNK):
             digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def write_digested(path: Path | str, write_all: Callable[[Callable[[bytes], None]], None]) -> str:
+    """Create `path` from the blocks `write_all` passes to the function it is given, and return the
+    file's digest (as `file_digest` gives it), computed as the blocks go by on a thread of its own
+    (hashlib lets go of the interpreter lock), so a large file is neither read back nor hashed after."""
+    digest = hashlib.sha256()
+    blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=16)
+
+    def hash_blocks() -> None:
+        while (block := blocks.get()) is not None:
+            digest.update(block)
+
+    hasher = threading.Thread(target=hash_blocks, daemon=True)
+    hasher.start()
+    try:
+        with Path(path).open("wb") as handle:
+
+            def write(block: bytes) -> None:
+                handle.write(block)
+                blocks.put(block)
+
+            write_all(write)
+    finally:
+        blocks.put(None)
+        hasher.join()
     return f"sha256:{digest.hexdigest()}"
 
 

@@ -53,21 +53,33 @@ def read_npy_header(path: Path | str) -> NpyHeader:
     return header
 
 
-def iter_row_chunks(path: Path | str, header: NpyHeader, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]:
+def iter_row_chunks(
+    path: Path | str, header: NpyHeader, chunk_rows: int, into: np.ndarray | None = None
+) -> Iterator[tuple[int, np.ndarray]]:
     """The rows of the 2-D `.npy` at `path` (whose header is `header`), `chunk_rows` at a time, as (first
     row, a copy in memory). Each chunk is read through a memory map of its own bytes, dropped once copied,
     so that the file's pages do not pile up in the process's resident memory however large it is; a
-    Fortran-order file, whose rows are spread over all of it, is mapped whole instead."""
+    Fortran-order file, whose rows are spread over all of it, is mapped whole instead. With `into` (an
+    array of the file's shape), each chunk is copied into its rows, and the chunk given is that view."""
     rows, dimension = header.shape
     if header.fortran_order:
         whole = np.memmap(path, header.dtype, "r", header.offset, header.shape, order="F")
         for start in range(0, rows, chunk_rows):
-            yield start, np.ascontiguousarray(whole[start : start + chunk_rows])
+            yield start, _copied(whole[start : start + chunk_rows], into, start)
         return
     row_bytes = dimension * header.dtype.itemsize
     for start in range(0, rows, chunk_rows):
         count = min(chunk_rows, rows - start)
         mapped = np.memmap(path, header.dtype, "r", header.offset + start * row_bytes, (count, dimension))
-        chunk = np.array(mapped)
+        chunk = _copied(mapped, into, start)
         del mapped  # unmapped now, before the next chunk is read
         yield start, chunk
+
+
+def _copied(rows: np.ndarray, into: np.ndarray | None, start: int) -> np.ndarray:
+    """`rows` copied into a new C-order array, or into `into`'s rows from `start`."""
+    if into is None:
+        return np.array(rows, order="C")
+    target = into[start : start + len(rows)]
+    target[...] = rows
+    return target
