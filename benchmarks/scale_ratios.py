@@ -5,8 +5,10 @@ those out: for flat and IVF-PQ it times `build_index` (which also checks every p
 copies the ids and writes atomically) against raw faiss reading the same `.npy` whole, training on the
 same number of sampled vectors and adding them all; then `SearchIndex.search` (and that turned into a
 run) against `faiss.Index.search` on the same loaded index with the same parameters, at k = 10 and
-1,000, in rounds whose order rotates. Speed is given as densekit's over the peer's (1.0: as fast). Run
-from the repository root after `benchmarks/scale.py` at that size:
+1,000, in rounds whose order rotates. For BM25 it times `BM25Index.of_dataset` (the corpus streamed
+from its file and checked) and its search into a run against bm25s reading the same texts whole,
+indexing them and retrieving with the same settings. Speed is given as densekit's over the peer's
+(1.0: as fast). Run from the repository root after `benchmarks/scale.py` at that size:
 
     nice -n 10 .venv/bin/python -m benchmarks.scale_ratios --size 1000000 --work /work/runs/scale
 """
@@ -20,16 +22,21 @@ import tempfile
 import time
 from pathlib import Path
 
+import bm25s
 import faiss
 import numpy as np
+import Stemmer
 
 from benchmarks.machine import machine_info
 from benchmarks.search_qps import compare_speed
+from densekit.data import Dataset
 from densekit.encoding.store import EmbeddingStore
 from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.index.faiss_index import INDEX_FILE
+from densekit.retrieval.bm25 import BM25Config, BM25Index
 
 ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("flat", "ivfpq", "bm25")
 
 
 def raw_faiss_build(vectors_file: Path, spec: IndexSpec, sample_rows: int, output: Path) -> None:
@@ -70,6 +77,67 @@ def compare_builds(store: EmbeddingStore, spec: IndexSpec, rounds: int, scratch:
     }
 
 
+def raw_bm25s(corpus_file: Path, queries: list[str], k: int) -> tuple[float, float]:
+    """What a user of bm25s alone writes, densekit's settings: read the texts, tokenize and index them;
+    then tokenize the queries and retrieve. Seconds of each."""
+    start = time.perf_counter()
+    texts = []
+    with corpus_file.open(encoding="utf-8") as handle:
+        for line in handle:
+            document = json.loads(line)
+            texts.append(f"{document.get('title', '')} {document['text']}".strip())
+    config, stemmer = BM25Config(), Stemmer.Stemmer("english")
+    retriever = bm25s.BM25(k1=config.k1, b=config.b)
+    tokens = bm25s.tokenize(texts, stopwords=config.stopwords, stemmer=stemmer, show_progress=False)
+    retriever.index(tokens, show_progress=False)
+    built = time.perf_counter()
+    tokens = bm25s.tokenize(queries, stopwords=config.stopwords, stemmer=stemmer, show_progress=False)
+    retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+    return built - start, time.perf_counter() - built
+
+
+def densekit_bm25(dataset: Dataset, queries: dict[str, str], k: int) -> tuple[float, float]:
+    """densekit's BM25: the corpus streamed from its file and checked, indexed; the queries searched
+    into a run. Seconds of each."""
+    start = time.perf_counter()
+    index = BM25Index.of_dataset(dataset, show_progress=False)
+    built = time.perf_counter()
+    index.search(queries, k)
+    return built - start, time.perf_counter() - built
+
+
+def compare_bm25(data: Path, rounds: int, k: int = 1000) -> dict:
+    """BM25 index build and search, densekit's and bm25s's, alternating; their paired ratios."""
+    dataset = Dataset.open(data)
+    queries, _ = dataset.split_queries("test")
+    seconds: dict[str, dict[str, list[float]]] = {"bm25s": {"build": [], "search": []}}
+    seconds["densekit"] = {"build": [], "search": []}
+    for number in range(rounds):
+        for name in ("bm25s", "densekit") if number % 2 == 0 else ("densekit", "bm25s"):
+            if name == "bm25s":
+                build, search = raw_bm25s(data / "corpus.jsonl", list(queries.values()), k)
+            else:
+                build, search = densekit_bm25(dataset, queries, k)
+            seconds[name]["build"].append(build)
+            seconds[name]["search"].append(search)
+            print(f"bm25 round {number}: {name} build {build:.1f} s, search {search:.1f} s", flush=True)
+    ours, peer = seconds["densekit"], seconds["bm25s"]
+    ratios = {
+        phase: round(statistics.median(p / d for p, d in zip(peer[phase], ours[phase], strict=True)), 3)
+        for phase in ("build", "search")
+    }
+    totals = [(pb + ps) / (db + ds) for pb, ps, db, ds in zip(*peer.values(), *ours.values(), strict=True)]
+    return {
+        "queries": len(queries),
+        "k": k,
+        "seconds": {
+            name: {ph: [round(x, 2) for x in v] for ph, v in phases.items()}
+            for name, phases in seconds.items()
+        },
+        "speed_ratio": ratios | {"build and search": round(statistics.median(totals), 3)},
+    }
+
+
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
@@ -79,8 +147,9 @@ def main() -> None:
         "--build-rounds", type=int, nargs=2, default=[3, 1], help="flat, ivfpq; 0: OUTPUT's kept"
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bm25-rounds", type=int, default=3)
     parser.add_argument(
-        "--kinds", nargs="+", choices=("flat", "ivfpq"), default=["flat", "ivfpq"],
+        "--kinds", nargs="+", choices=KINDS, default=list(KINDS),
         help="measure only these indexes; the others' entries in OUTPUT are kept, marked `earlier_run`",
     )  # fmt: skip
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "scale_ratios.json")
@@ -90,9 +159,11 @@ def main() -> None:
     queries = np.load(out / "queries.npy")
     query_ids = [f"q{i}" for i in range(len(queries))]
     results = {"passages": len(store), "queries": len(queries), "machine": machine_info(), "indexes": {}}
-    if set(args.kinds) != {"flat", "ivfpq"} and args.output.is_file():
+    if set(args.kinds) != set(KINDS) and args.output.is_file():
         earlier = json.loads(args.output.read_text())
         results["indexes"] = {k: {**v, "earlier_run": True} for k, v in earlier["indexes"].items()}
+        if "bm25" in earlier:
+            results["bm25"] = {**earlier["bm25"], "earlier_run": True}
     for kind, build_rounds in zip(("flat", "ivfpq"), args.build_rounds, strict=True):
         if kind not in args.kinds:
             continue
@@ -111,6 +182,9 @@ def main() -> None:
             row[f"search k={k}"] = compare_speed(raw, ours, queries, query_ids, k, args.rounds, 1)
         results["indexes"][kind] = row
         print(kind, json.dumps(row), flush=True)
+    if "bm25" in args.kinds:
+        results["bm25"] = compare_bm25(args.work / str(args.size) / "data", args.bm25_rounds)
+        print("bm25", json.dumps(results["bm25"]), flush=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
 
