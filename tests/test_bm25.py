@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -79,3 +80,26 @@ def test_an_index_built_in_chunks_scores_as_one_built_whole(beir_dir: Path, monk
     assert list(chunked.ids) == ids and len(ids) > 2
     for query in queries.values():
         assert chunked.scores_of(query, ids) == whole.scores_of(query, ids)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_indexing_leaves_the_garbage_collector_as_it_found_it_even_on_bad_input(
+    beir_dir: Path, enabled: bool
+):
+    """The cyclic collector is paused while an index is built (no cycles form there) and restored after,
+    whether the build ends or fails."""
+
+    def failing():
+        yield from Dataset.open(beir_dir).iter_corpus()
+        raise ValueError("a bad line")
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        BM25Index(Dataset.open(beir_dir).iter_corpus(), show_progress=False)
+        assert gc.isenabled() is enabled
+        with pytest.raises(ValueError, match="a bad line"):
+            BM25Index(failing(), show_progress=False)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()

@@ -13,6 +13,8 @@ fewer; densekit keeps that fill (mined negatives and the published figures here 
 from __future__ import annotations
 
 import array
+import contextlib
+import gc
 import itertools
 import logging
 from collections.abc import Iterable, Iterator
@@ -70,16 +72,16 @@ class BM25Index:
         # Each document's terms as 4-byte ids into one vocabulary for the whole corpus, where the lists
         # of strings bm25s.tokenize can return take some 60 bytes a term (3.6 GiB at 1M passages).
         token_ids: list[array.array] = []
-        with progress_bar("BM25 indexing", total, show_progress) as advance:
+        with _without_cycle_collection(), progress_bar("BM25 indexing", total, show_progress) as advance:
             for chunk in _chunks(documents, _INDEX_CHUNK):
                 ids.extend(doc.id for doc in chunk)
                 token_ids.extend(self._numbered([doc.full_text for doc in chunk], vocabulary))
                 advance(len(chunk))
-        self.ids = np.asarray(ids, dtype=object)
-        self._row_of: dict[str, int] | None = None
-        self.retriever = bm25s.BM25(k1=config.k1, b=config.b)
-        # bm25s draws its own tqdm bars when asked; densekit draws its own instead, and only when asked
-        self.retriever.index((token_ids, vocabulary), show_progress=False)
+            self.ids = np.asarray(ids, dtype=object)
+            self._row_of: dict[str, int] | None = None
+            self.retriever = bm25s.BM25(k1=config.k1, b=config.b)
+            # bm25s draws its own tqdm bars when asked; densekit draws its own instead, only when asked
+            self.retriever.index((token_ids, vocabulary), show_progress=False)
 
     @classmethod
     def of_dataset(
@@ -159,6 +161,20 @@ class BM25Index:
                 "and get no BM25 results: %s%s", len(self.queries_without_terms), shown, more,
             )  # fmt: skip
         return {q: run[q] for q in query_ids}
+
+
+@contextlib.contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector, then restore it as it was: indexing makes millions of
+    small objects that form no cycles, and each collection walks them all again (a 1M-passage build
+    took 149 s with it, 119 s without)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _chunks(documents: Iterable[Document], size: int) -> Iterator[list[Document]]:
