@@ -86,7 +86,8 @@ def raw_bm25s(corpus_file: Path, queries: list[str], k: int) -> tuple[float, flo
         for line in handle:
             document = json.loads(line)
             texts.append(f"{document.get('title', '')} {document['text']}".strip())
-    config, stemmer = BM25Config(), Stemmer.Stemmer("english")
+    config = BM25Config()
+    stemmer = Stemmer.Stemmer(config.stemmer)
     retriever = bm25s.BM25(k1=config.k1, b=config.b)
     tokens = bm25s.tokenize(texts, stopwords=config.stopwords, stemmer=stemmer, show_progress=False)
     retriever.index(tokens, show_progress=False)
@@ -159,8 +160,14 @@ def main() -> None:
     queries = np.load(out / "queries.npy")
     query_ids = [f"q{i}" for i in range(len(queries))]
     results = {"passages": len(store), "queries": len(queries), "machine": machine_info(), "indexes": {}}
-    if set(args.kinds) != set(KINDS) and args.output.is_file():
-        earlier = json.loads(args.output.read_text())
+    earlier = json.loads(args.output.read_text()) if args.output.is_file() else {"indexes": {}}
+    keeps = set(args.kinds) != set(KINDS) or 0 in args.build_rounds
+    if keeps and earlier.get("passages", len(store)) != len(store):
+        parser.error(f"{args.output} holds figures for {earlier['passages']} passages, not {len(store)}")
+    for kind, build_rounds in zip(("flat", "ivfpq"), args.build_rounds, strict=True):
+        if kind in args.kinds and not build_rounds and "build" not in earlier["indexes"].get(kind, {}):
+            parser.error(f"--build-rounds 0 keeps {kind}'s build figures, but {args.output} has none")
+    if set(args.kinds) != set(KINDS):
         results["indexes"] = {k: {**v, "earlier_run": True} for k, v in earlier["indexes"].items()}
         if "bm25" in earlier:
             results["bm25"] = {**earlier["bm25"], "earlier_run": True}
@@ -173,8 +180,8 @@ def main() -> None:
             row = {"spec": ours.spec.model_dump()}
             if build_rounds:
                 row["build"] = compare_builds(store, ours.spec, build_rounds, Path(scratch))
-            elif kind in results["indexes"]:  # not built again: the earlier run's figures
-                row["build"] = results["indexes"][kind]["build"] | {"earlier_run": True}
+            else:  # not built again: the earlier run's figures
+                row["build"] = earlier["indexes"][kind]["build"] | {"earlier_run": True}
         raw = faiss.read_index(str(folder / INDEX_FILE))
         if kind == "ivfpq":
             faiss.ParameterSpace().set_index_parameter(raw, "nprobe", ours.spec.nprobe)
