@@ -72,11 +72,12 @@ class BM25Index:
         # Each document's terms as 4-byte ids into one vocabulary for the whole corpus, where the lists
         # of strings bm25s.tokenize can return take some 60 bytes a term (3.6 GiB at 1M passages).
         token_ids: list[array.array] = []
-        with _without_cycle_collection(), progress_bar("BM25 indexing", total, show_progress) as advance:
-            for chunk in _chunks(documents, _INDEX_CHUNK):
-                ids.extend(doc.id for doc in chunk)
-                token_ids.extend(self._numbered([doc.full_text for doc in chunk], vocabulary))
-                advance(len(chunk))
+        with _without_cycle_collection():
+            with progress_bar("BM25 indexing", total, show_progress) as advance:
+                for chunk in _chunks(documents, _INDEX_CHUNK):
+                    ids.extend(doc.id for doc in chunk)
+                    token_ids.extend(self._numbered([doc.full_text for doc in chunk], vocabulary))
+                    advance(len(chunk))
             self.ids = np.asarray(ids, dtype=object)
             self._row_of: dict[str, int] | None = None
             self.retriever = bm25s.BM25(k1=config.k1, b=config.b)
