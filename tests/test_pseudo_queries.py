@@ -14,6 +14,7 @@ from densekit.data.examples import read_examples
 from densekit.data.pseudo_queries import (
     PseudoQueryReport,
     PseudoQuerySettings,
+    WordStatistics,
     pseudo_queries,
     write_pseudo_queries,
 )
@@ -122,6 +123,47 @@ def test_a_draw_of_documents_is_the_same_streamed_or_listed_and_words_without_le
     assert all("." not in e.query for e in listed)
     with pytest.raises(ValueError, match="span length 5-3 words is empty"):
         PseudoQuerySettings(min_words=5, max_words=3)
+
+
+def test_keyword_queries_draw_distinct_words_of_their_document_by_tf_idf_in_text_order(tmp_path: Path):
+    # d0 holds `zebra` three times and no other document does; `everywhere` is in every document, so has
+    # no weight; the `commonN` words are in six of the ten documents
+    zebra = "Zebra, common1 zebra the common2 common3 zebra common4 everywhere."
+    rows = [{"_id": "d0", "title": "", "text": zebra}]
+    for i in range(1, 10):
+        common = " ".join(f"common{j}" for j in range(1, 5)) if i <= 5 else "other"
+        rows.append({"_id": f"d{i}", "title": "", "text": f"{common} filler{i} everywhere and more{i}"})
+    rows.append({"_id": "short", "title": "", "text": "everywhere alone"})
+    root = tmp_path / "collection"
+    write_beir(root, rows, [{"_id": "q1", "text": "zebra"}], {"test": [("q1", "d0", 1)]})
+    args = ["--method", "keywords", "--words", "2-2", "--per-document", "200", "--domain", "x"]
+    report = make(root, tmp_path / "a.jsonl", *args)
+    make(root, tmp_path / "b.jsonl", *args)
+    make(root, tmp_path / "c.jsonl", *args, "--seed", "1")
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert (tmp_path / "a.jsonl").read_bytes() != (tmp_path / "c.jsonl").read_bytes()
+    assert report["documents_without_query"] == {"fewer than 3 keywords": 1}  # `short`: no weighted word
+    examples = read_examples(tmp_path / "a.jsonl")  # the training format
+    texts = {row["_id"]: row["text"].lower() for row in rows}
+    for example in examples:
+        [positive] = example.positives
+        words = example.query.split()
+        assert len(words) == len(set(words)) == 2 and example.domain == "x" and not example.negatives
+        assert "everywhere" not in words and "the" not in words and "and" not in words
+        assert all(word in texts[positive] for word in words)
+        assert sorted(words, key=texts[positive].index) == words  # in the order they first occur
+    from_d0 = [e.query.split() for e in examples if e.positives == ["d0"]]
+    # by tf-idf, zebra (3 x log 10) outweighs each common word (log 10/6) 13 to 1; uniform draws would
+    # take it in 2 queries of 5
+    assert len(from_d0) == 200 and sum("zebra" in words for words in from_d0) > 180
+
+    documents = [Document(row["_id"], row["text"]) for row in rows]
+    settings = PseudoQuerySettings(method="keywords", min_words=2, max_words=2)
+    assert list(pseudo_queries(documents, settings)) == list(
+        pseudo_queries(iter(documents), settings, statistics=WordStatistics.of(documents))
+    )
+    with pytest.raises(ValueError, match="needs the corpus's WordStatistics"):
+        list(pseudo_queries(iter(documents), settings))
 
 
 def test_mined_pseudo_queries_never_take_their_own_passage_or_a_copy_of_it_as_a_negative(

@@ -115,10 +115,16 @@ def pseudo_queries(
     data_dir: Annotated[Path, typer.Argument(help="A BEIR or MS MARCO-style collection folder.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The training file to write (JSONL).")],
     method: Annotated[
-        str, typer.Option(help="span (a crop of the text), title, or lead (the first sentence).")
+        str,
+        typer.Option(
+            help="span (a crop of the text), title, lead (the first sentence), or keywords (distinct "
+            "words drawn by tf-idf)."
+        ),
     ] = "span",
-    words: Annotated[str, typer.Option(help="span: crop lengths in words, as min-max.")] = "8-24",
-    per_document: Annotated[int, typer.Option(min=1, help="span: crops per document.")] = 1,
+    words: Annotated[
+        str, typer.Option(help="span and keywords: query lengths in words, as min-max.")
+    ] = "8-24",
+    per_document: Annotated[int, typer.Option(min=1, help="span and keywords: queries per document.")] = 1,
     max_documents: Annotated[
         int | None, typer.Option(min=1, help="Draw from this many documents, chosen at random.")
     ] = None,
@@ -127,9 +133,10 @@ def pseudo_queries(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the crops and the draw.")] = 0,
 ) -> None:
-    """Make training examples from the corpus alone: each pseudo-query (a span of a document, its title
-    or its first sentence) has its document as the one positive. Add negatives with `densekit mine
-    --examples OUTPUT`. Writes the file atomically, and a report of what each document gave beside it."""
+    """Make training examples from the corpus alone: each pseudo-query (a span of a document, its title,
+    its first sentence or keywords drawn from it) has its document as the one positive. Add negatives
+    with `densekit mine --examples OUTPUT`. Writes the file atomically, and a report of what each
+    document gave beside it."""
     from densekit.data.dataset import Dataset
     from densekit.data.pseudo_queries import PseudoQuerySettings, write_pseudo_queries
 

@@ -6,7 +6,13 @@ Each pseudo-query comes from one document, which is its one positive:
   cropping of coCondenser and Contriever; words without a letter or digit are left out); a document of
   no more than `min_words` words gives none.
 - `title`: the document's title (documents without one give none);
-- `lead`: the first sentence of the text, when the text holds more than that sentence.
+- `lead`: the first sentence of the text, when the text holds more than that sentence;
+- `keywords`: `min_words` to `max_words` distinct words of the text, drawn without replacement with
+  chances in proportion to tf-idf and put in the order they first occur (PROP's representative words,
+  Ma et al. 2021): a keyword query, for collections whose users search that way. Words are lower-cased
+  runs of two or more letters and digits starting with a letter, English stop words left out (the list
+  BM25 uses); a word in every document has no weight. A document of no more than `min_words` such
+  words gives none.
 
 A document whose pseudo-query would be its whole passage (a title equal to the text, a one-sentence
 text) gives none. The examples are the training format (`densekit.data.examples`), without negatives:
@@ -17,13 +23,16 @@ corpus and settings give the same file.
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from bm25s.stopwords import STOPWORDS_EN
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from densekit.data.dataset import Dataset
@@ -31,9 +40,12 @@ from densekit.data.examples import EXAMPLES_KIND, TrainingExample, write_example
 from densekit.data.records import Document
 from densekit.io.outputs import check_file_output, write_output_text
 
-PseudoQueryMethod = Literal["span", "title", "lead"]
+PseudoQueryMethod = Literal["span", "title", "lead", "keywords"]
 REPORT_KIND = "pseudo-query report"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
+_KEYWORD = re.compile(r"[^\W\d_]\w+")
+_STOP_WORDS = frozenset(STOPWORDS_EN)
+_PER_DOCUMENT = ("span", "keywords")
 
 
 class PseudoQuerySettings(BaseModel):
@@ -42,9 +54,11 @@ class PseudoQuerySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     method: PseudoQueryMethod = "span"
-    per_document: int = Field(1, ge=1, description="span: crops per document (title and lead give one)")
-    min_words: int = Field(8, ge=1, description="span: the shortest crop, in words")
-    max_words: int = Field(24, ge=1, description="span: the longest crop, in words")
+    per_document: int = Field(
+        1, ge=1, description="span and keywords: queries per document (title and lead give one)"
+    )
+    min_words: int = Field(8, ge=1, description="span and keywords: the shortest query, in words")
+    max_words: int = Field(24, ge=1, description="span and keywords: the longest query, in words")
     max_documents: int | None = Field(
         None, ge=1, description="draw from this many documents, chosen at random (default: every one)"
     )
@@ -55,8 +69,10 @@ class PseudoQuerySettings(BaseModel):
     def _crop_range(self) -> PseudoQuerySettings:
         if self.min_words > self.max_words:
             raise ValueError(f"span length {self.min_words}-{self.max_words} words is empty")
-        if self.method != "span" and self.per_document != 1:
-            raise ValueError(f"method {self.method!r} gives one query per document; per_document is for span")
+        if self.method not in _PER_DOCUMENT and self.per_document != 1:
+            raise ValueError(
+                f"method {self.method!r} gives one query per document; per_document is for span and keywords"
+            )
         return self
 
 
@@ -96,6 +112,56 @@ def _span_queries(document: Document, rng: np.random.Generator, settings: Pseudo
     return queries
 
 
+def keywords_of(text: str) -> list[str]:
+    """The words a keyword query is drawn from, in text order (repeats kept): lower-cased, starting
+    with a letter, not a stop word."""
+    return [word for word in _KEYWORD.findall(text.lower()) if word not in _STOP_WORDS]
+
+
+@dataclass
+class WordStatistics:
+    """How many documents of a corpus hold each keyword, for the tf-idf weights of `keywords`."""
+
+    documents: int
+    document_frequency: Counter
+
+    @classmethod
+    def of(cls, documents: Iterable[Document]) -> WordStatistics:
+        """Count over `documents` (streamed once)."""
+        frequency: Counter = Counter()
+        count = 0
+        for document in documents:
+            frequency.update(set(keywords_of(document.text or document.title)))
+            count += 1
+        return cls(count, frequency)
+
+    def idf(self, word: str) -> float:
+        """log(N / df): 0 for a word in every document."""
+        return math.log(self.documents / self.document_frequency[word])
+
+
+def _keyword_queries(
+    document: Document, rng: np.random.Generator, settings: PseudoQuerySettings, statistics: WordStatistics
+) -> list[str]:
+    words = keywords_of(document.text or document.title)
+    counts = Counter(words)
+    weights = np.array([n * statistics.idf(word) for word, n in counts.items()])
+    candidates = [word for word, weight in zip(counts, weights, strict=True) if weight > 0]
+    weights = weights[weights > 0]
+    # never every weighted word: that would be the document's whole vocabulary, not a query for it
+    if len(candidates) <= settings.min_words:
+        return []
+    first_seen: dict[str, int] = {}
+    for position, word in enumerate(words):
+        first_seen.setdefault(word, position)
+    queries = []
+    for _ in range(settings.per_document):
+        length = int(rng.integers(settings.min_words, min(settings.max_words, len(candidates) - 1) + 1))
+        chosen = rng.choice(len(candidates), length, replace=False, p=weights / weights.sum())
+        queries.append(" ".join(sorted((candidates[i] for i in chosen), key=first_seen.__getitem__)))
+    return queries
+
+
 def _one_query(document: Document, method: PseudoQueryMethod) -> tuple[str | None, str]:
     """The title or lead query of `document`, or None and why not."""
     if method == "title":
@@ -118,12 +184,18 @@ def pseudo_queries(
     settings: PseudoQuerySettings,
     report: PseudoQueryReport | None = None,
     count: int | None = None,
+    statistics: WordStatistics | None = None,
 ) -> Iterator[TrainingExample]:
     """The pseudo-queries of `documents` as training examples, counted into `report` when given.
 
-    The documents are streamed; drawing `settings.max_documents` of them needs their `count`.
+    The documents are streamed; drawing `settings.max_documents` of them needs their `count`, and
+    `keywords` needs the corpus's word `statistics` (counted here when `documents` is a list).
     """
     report = report if report is not None else PseudoQueryReport()
+    if settings.method == "keywords" and statistics is None:
+        if not isinstance(documents, list):
+            raise ValueError("keywords from streamed documents needs the corpus's WordStatistics")
+        statistics = WordStatistics.of(documents)
     chosen: set[int] | None = None
     if settings.max_documents is not None:
         if count is None:
@@ -139,6 +211,10 @@ def pseudo_queries(
         if settings.method == "span":
             texts = _span_queries(document, np.random.default_rng([settings.seed, position]), settings)
             why = f"fewer than {settings.min_words + 1} words"
+        elif settings.method == "keywords":
+            rng = np.random.default_rng([settings.seed, position])
+            texts = _keyword_queries(document, rng, settings, statistics)  # type: ignore[arg-type]
+            why = f"fewer than {settings.min_words + 1} keywords"
         else:
             text, why = _one_query(document, settings.method)
             texts = [text] if text else []
@@ -167,7 +243,10 @@ def write_pseudo_queries(dataset: Dataset, settings: PseudoQuerySettings, output
     check_file_output(report_path(output), REPORT_KIND, inputs)
     report = PseudoQueryReport()
     identity = {"pseudo_queries": settings.model_dump(), "corpus": dataset.corpus_digest()}
-    examples = list(pseudo_queries(dataset.iter_corpus(), settings, report, dataset.count_documents()))
+    statistics = WordStatistics.of(dataset.iter_corpus()) if settings.method == "keywords" else None
+    examples = list(
+        pseudo_queries(dataset.iter_corpus(), settings, report, dataset.count_documents(), statistics)
+    )
     if not examples:
         raise ValueError(
             f"{dataset.corpus_path}: no document gives a {settings.method!r} pseudo-query "
