@@ -126,8 +126,8 @@ def test_a_draw_of_documents_is_the_same_streamed_or_listed_and_words_without_le
 
 
 def test_keyword_queries_draw_distinct_words_of_their_document_by_tf_idf_in_text_order(tmp_path: Path):
-    # d0 holds `zebra` three times and no other document does; `everywhere` is in every document, so has
-    # no weight; the `commonN` words are in six of the ten documents
+    # d0 holds `zebra` three times and no other document does; `everywhere` is in all eleven documents, so
+    # has no weight; the `commonN` words are in six of them
     zebra = "Zebra, common1 zebra the common2 common3 zebra common4 everywhere."
     rows = [{"_id": "d0", "title": "", "text": zebra}]
     for i in range(1, 10):
@@ -153,7 +153,7 @@ def test_keyword_queries_draw_distinct_words_of_their_document_by_tf_idf_in_text
         assert all(word in texts[positive] for word in words)
         assert sorted(words, key=texts[positive].index) == words  # in the order they first occur
     from_d0 = [e.query.split() for e in examples if e.positives == ["d0"]]
-    # by tf-idf, zebra (3 x log 10) outweighs each common word (log 10/6) 13 to 1; uniform draws would
+    # by tf-idf, zebra (3 x log 11) outweighs each common word (log 11/6) 12 to 1; uniform draws would
     # take it in 2 queries of 5
     assert len(from_d0) == 200 and sum("zebra" in words for words in from_d0) > 180
 

@@ -68,7 +68,7 @@ class PseudoQuerySettings(BaseModel):
     @model_validator(mode="after")
     def _crop_range(self) -> PseudoQuerySettings:
         if self.min_words > self.max_words:
-            raise ValueError(f"span length {self.min_words}-{self.max_words} words is empty")
+            raise ValueError(f"{self.method} length {self.min_words}-{self.max_words} words is empty")
         if self.method not in _PER_DOCUMENT and self.per_document != 1:
             raise ValueError(
                 f"method {self.method!r} gives one query per document; per_document is for span and keywords"
@@ -244,9 +244,9 @@ def write_pseudo_queries(dataset: Dataset, settings: PseudoQuerySettings, output
     report = PseudoQueryReport()
     identity = {"pseudo_queries": settings.model_dump(), "corpus": dataset.corpus_digest()}
     statistics = WordStatistics.of(dataset.iter_corpus()) if settings.method == "keywords" else None
-    examples = list(
-        pseudo_queries(dataset.iter_corpus(), settings, report, dataset.count_documents(), statistics)
-    )
+    # the statistics' pass counted the documents already
+    count = statistics.documents if statistics is not None else dataset.count_documents()
+    examples = list(pseudo_queries(dataset.iter_corpus(), settings, report, count, statistics))
     if not examples:
         raise ValueError(
             f"{dataset.corpus_path}: no document gives a {settings.method!r} pseudo-query "
