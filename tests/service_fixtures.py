@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from densekit.retrieval.retriever import Retriever
@@ -33,16 +38,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_process(served, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    """`densekit serve` over the `served` collection with the test token and `extra` options, in its own
-    process, once /health answers; returns the process and the service's URL."""
+def serve_process(served, tmp_path: Path, *extra: str, token: bool = True) -> tuple[subprocess.Popen, str]:
+    """`densekit serve` over the `served` collection with the test token (unless not `token`) and `extra`
+    options, in its own process, once /health answers; returns the process and the service's URL."""
     data, index, model = served
     (tmp_path / "key").write_text(TOKEN + "\n")
     port = free_port()
+    key = ["--api-key-file", str(tmp_path / "key")] if token else []
     command = [sys.executable, "-m", "densekit", "serve", str(model), str(index), "--corpus", str(data),
-               "--port", str(port), "--api-key-file", str(tmp_path / "key"), "--device", "cpu",
-               *extra]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               "--port", str(port), *key, "--device", "cpu", *extra]  # fmt: skip
+    environment = {name: value for name, value in os.environ.items() if name != "DENSEKIT_API_KEY"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=environment)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -54,3 +61,48 @@ def serve_process(served, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen
             time.sleep(0.1)
     process.kill()
     raise AssertionError("the service did not start")
+
+
+# Document ids a URL path cannot carry as they are.
+ODD_IDS = ["a/b", "a//b", "d1?x=1", "../info", "x/../d1", "100%", "a%2Fb", "c#1", "ünïcødé", "..", ".", "d1"]
+
+
+def odd_ids_collection(root: Path, model: Path) -> tuple[Path, Path]:
+    """A collection whose documents have ODD_IDS, and its flat index by `model`: (data, index)."""
+    from densekit.data.dataset import Dataset
+    from densekit.encoding.corpus import encode_corpus
+    from densekit.encoding.store import EmbeddingStore
+    from densekit.index import IndexSpec, build_index
+    from densekit.models import DenseEncoder
+
+    from .conftest import write_beir
+
+    corpus = [{"_id": doc_id, "title": f"title of {doc_id}", "text": f"text {n}"}
+              for n, doc_id in enumerate(ODD_IDS)]  # fmt: skip
+    data = write_beir(root / "data", corpus=corpus, qrels={"test": [("q1", "d1", 1)]})
+    encode_corpus(DenseEncoder.load(model), Dataset.open(data), root / "emb", show_progress=False)
+    build_index(EmbeddingStore.open(root / "emb"), IndexSpec(), root / "index", show_progress=False)
+    return data, root / "index"
+
+
+@contextlib.contextmanager
+def in_thread(app: FastAPI) -> Iterator[str]:
+    """`app` served by uvicorn from a thread of this process on a free port, for what only a real
+    server shows (its HTTP parser, raw paths, connections): its URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(300):
+        if server.started or not thread.is_alive():
+            break
+        time.sleep(0.02)
+    if not server.started:
+        raise AssertionError("uvicorn did not start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

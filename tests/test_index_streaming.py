@@ -153,8 +153,8 @@ def test_an_index_that_cannot_fit_is_refused_before_any_work(vectors, tmp_path: 
         build_index(store, IndexSpec(type="ivfpq"), tmp_path / "index", show_progress=False)
     assert str(err.value) == (
         f"a ivfpq index of 600 x 32 vectors needs about {needed} bytes (0.00 GiB) to build; 50000 bytes "
-        "(0.00 GiB) are available (a test's figure): choose a smaller --pq-m, free memory, or pass "
-        "--no-memory-check to build it anyway"
+        "(0.00 GiB) are available (a test's figure): --pq-m 8 x --pq-bits 3 make its codes 6.45 KiB; "
+        "choose a smaller --pq-m, free memory, or pass --no-memory-check to build it anyway"
     )
     assert not (tmp_path / "index").exists()
 

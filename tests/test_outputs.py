@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from densekit.cli.main import main
 from densekit.data import DataError, Dataset, Diagnostics
 from densekit.data.trec import read_run
 from densekit.encoding.corpus import encode_corpus
@@ -29,23 +28,14 @@ from densekit.io.outputs import OutputError, check_file_output, claim_folder, cl
 from densekit.models import DenseEncoder
 
 from .conftest import dead_pid
+from .hostile.commands import cli as run_command
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:
     """Run `densekit ARGS` as the installed command does: its exit code, and what it printed on stderr
     and on stdout, each as one line."""
-    capsys.readouterr()
-    argv = sys.argv
-    sys.argv = ["densekit", *map(str, args)]
-    try:
-        main()
-        code = 0
-    except SystemExit as stop:
-        code = int(stop.code or 0)
-    finally:
-        sys.argv = argv
-    printed = capsys.readouterr()
-    return code, printed.err.replace("\n", ""), printed.out.replace("\n", "")
+    code, err, out = run_command(capsys, *args)
+    return code, err.replace("\n", ""), out.replace("\n", "")
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -115,7 +105,9 @@ def test_bm25_and_evaluate_never_write_over_their_inputs(capsys, beir_dir: Path,
 def test_a_file_output_replaces_only_what_densekit_wrote(capsys, beir_dir: Path, tmp_path: Path):
     run = tmp_path / "bm25.trec"
     assert cli(capsys, "bm25", beir_dir, "-o", run, "--k", "2", "--no-progress")[0] == 0
-    assert cli(capsys, "bm25", beir_dir, "-o", run, "--k", "3", "--no-progress")[0] == 0  # its own run
+    assert cli(capsys, "bm25", beir_dir, "-o", run, "--k", "2", "--no-progress")[0] == 0  # its own run
+    # other settings: replaced only with --overwrite (issue 50, case 8)
+    assert cli(capsys, "bm25", beir_dir, "-o", run, "--k", "3", "--no-progress", "--overwrite")[0] == 0
     assert max(len(r) for r in read_run(run, Diagnostics()).values()) == 3
 
     run.write_text(run.read_text() + "q1 Q0 d9 9 0.1 edited-by-hand\n")  # now the user's

@@ -4,31 +4,68 @@ as `ServiceError` and its 429 and 503 answers retried after the delay the servic
 from __future__ import annotations
 
 import base64
+import binascii
+import email.utils
+import math
+import re
 import time
+from datetime import datetime, timezone
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 import numpy as np
+from pydantic import BaseModel, ValidationError
 
 from densekit.retrieval.hit import Hit
 
 RETRIED = (429, 503)  # overload and request timeout: the service says when to come back
+_DETAIL_CHARS = 300  # of a reason the service gave, in a `ServiceError`
+_TOKEN = re.compile(r"[\x20-\x7e]+")  # what an HTTP header carries as it is: printable ASCII
 
 
 class ServiceError(RuntimeError):
-    """A request the service refused or failed: its status code and the reason it gave."""
+    """A request the service refused or failed: its status code (0 where no answer came: the service
+    could not be reached, or the URL is not one) and the reason, on one line."""
 
     def __init__(self, status: int, detail: str, url: str):
+        detail = _one_line(detail)
         super().__init__(f"{url}: {status}: {detail}")
         self.status, self.detail = status, detail
+
+
+class _HitIn(BaseModel):
+    """One hit as the service sends it."""
+
+    id: str
+    score: float
+    title: str | None = None
+    text: str | None = None
+
+
+class _SearchAnswer(BaseModel):
+    results: list[list[_HitIn]]
+
+
+class _EmbeddingIn(BaseModel):
+    embedding: str
+    index: int
+
+
+class _EmbeddingsAnswer(BaseModel):
+    data: list[_EmbeddingIn]
 
 
 class Client:
     """Calls a densekit service at `url` (e.g. `http://127.0.0.1:8000`) with its bearer `token`.
 
     A 429 (busy) or 503 (request timed out) is retried up to `retries` times, each after the service's
-    `Retry-After` (at most `max_wait` seconds); any other refusal raises `ServiceError` at once. `http`
-    replaces the HTTP client (an `httpx.Client`, such as FastAPI's TestClient)."""
+    `Retry-After` (at most `max_wait` seconds); any other refusal, an answer that is not the service's
+    (not JSON, or not of the shape asked for), a redirect, a timeout (`timeout` seconds) or a service that
+    cannot be reached raises `ServiceError` at once; so does a `url` that is not an http(s) URL with a host,
+    when the client is made (status 0). A token an HTTP header cannot carry (a line break, a control
+    character, non-ASCII text) is a `ValueError`. `http` replaces the HTTP client (an `httpx.Client`, such as
+    FastAPI's TestClient); the token goes only to `url`'s host."""
 
     def __init__(
         self,
@@ -41,7 +78,10 @@ class Client:
     ):
         if retries < 0:
             raise ValueError(f"retries {retries} must be >= 0")
-        self.url = url.rstrip("/")
+        if token and not _TOKEN.fullmatch(token):
+            raise ValueError("token: holds a line break, a control character or non-ASCII text, which an "
+                             "HTTP header cannot carry: give the token alone")  # fmt: skip
+        self.url = _service_url(url)
         self.retries, self.max_wait = retries, max_wait
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = http if http is not None else httpx.Client(timeout=timeout)
@@ -68,55 +108,151 @@ class Client:
             body["module"] = module
         if domain is not None:
             body["domain"] = domain
-        answer = self._call("POST", "/search", body)
-        return [[Hit(**hit) for hit in hits] for hits in answer["results"]]
+        answer = self._shaped(_SearchAnswer, self._call("POST", "/search", body), "/search")
+        return [[Hit(**hit.model_dump()) for hit in hits] for hits in answer.results]
 
     def document(self, doc_id: str) -> Hit:
-        """A document of the served corpus by id (score 0); `ServiceError` 404 for an unknown id."""
-        return Hit(**self._call("GET", f"/documents/{doc_id}"))
+        """A document of the served corpus by id (score 0); `ServiceError` 404 for an unknown id. The id
+        is sent escaped, so any id (one holding `/`, `?`, `#`, `%` or spaces) names only itself."""
+        path = f"/documents/{_path_segment(doc_id)}"
+        return Hit(**self._shaped(_HitIn, self._call("GET", path), path).model_dump())
 
     def embed(
-        self, texts: list[str], kind: Literal["query", "passage"] = "passage", model: str | None = None
+        self,
+        texts: list[str],
+        kind: Literal["query", "passage"] = "passage",
+        model: str | None = None,
+        domain: str | None = None,
     ) -> np.ndarray:
         """The vectors the service gives `texts` as queries or passages, float32 (len(texts), dimension);
-        `model` names a served module (default: the service's model)."""
+        `model` names a served module (default: the service's model), `domain` the queries' domain
+        for a service of a fixed route."""
         if model is None:
             if self._model is None:
-                self._model = self.info()["embedding_models"][0]
+                models = self.info().get("embedding_models")
+                if not isinstance(models, list) or not models or not isinstance(models[0], str):
+                    raise ServiceError(200, "/info names no embedding models", f"{self.url}/info")
+                self._model = models[0]
             model = self._model
-        body = {"input": texts, "model": f"{model}:{kind}", "encoding_format": "base64"}
-        data = self._call("POST", "/v1/embeddings", body)["data"]
-        rows = [np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4") for item in data]
-        return np.stack(rows) if rows else np.empty((0, 0), dtype=np.float32)
+        name = f"{model}:{kind}" + (f"@{domain}" if domain is not None else "")
+        body = {"input": texts, "model": name, "encoding_format": "base64"}
+        answer = self._shaped(_EmbeddingsAnswer, self._call("POST", "/v1/embeddings", body), "/v1/embeddings")
+        return _vectors(answer, len(texts), f"{self.url}/v1/embeddings")
 
     def info(self) -> dict:
         """The service's model, modules, index, documents, precision and limits."""
-        return self._call("GET", "/info")
+        answer = self._call("GET", "/info")
+        if not isinstance(answer, dict):
+            raise ServiceError(200, f"unexpected answer: {_one_line(repr(answer))}", f"{self.url}/info")
+        return answer
 
     def health(self) -> bool:
         """Whether the service answers."""
         try:
             return self._http.get(f"{self.url}/health").status_code == 200
-        except httpx.TransportError:
+        except httpx.HTTPError:
             return False
 
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        url = f"{self.url}{path}"
         for attempt in range(self.retries + 1):
-            response = self._http.request(method, f"{self.url}{path}", json=body, headers=self._headers)
+            response = self._send(method, url, body)
             if response.status_code not in RETRIED or attempt == self.retries:
                 break
             time.sleep(min(self.max_wait, _retry_after(response)))
+        if response.is_redirect:
+            where = response.headers.get("Location", "elsewhere")
+            reason = f"redirected to {where}: give the service's own URL"
+            raise ServiceError(response.status_code, reason, url)
         if response.status_code != 200:
-            raise ServiceError(response.status_code, _detail(response), f"{self.url}{path}")
-        return response.json()
+            raise ServiceError(response.status_code, _detail(response), url)
+        try:
+            return response.json()
+        except ValueError:
+            raise ServiceError(200, f"the answer is not JSON: {response.text!r}", url) from None
+
+    def _send(self, method: str, url: str, body: dict | None) -> httpx.Response:
+        """One request; what stops an answer coming is a `ServiceError` of status 0."""
+        try:
+            return self._http.request(method, url, json=body, headers=self._headers)
+        except httpx.TimeoutException as err:
+            reason = f"no answer within the timeout ({str(err) or type(err).__name__})"
+            raise ServiceError(0, reason, url) from None
+        except (httpx.HTTPError, httpx.InvalidURL) as err:
+            reason = str(err) or type(err).__name__
+            raise ServiceError(0, f"the service cannot be reached: {reason}", url) from None
+
+    def _shaped(self, shape: type[BaseModel], answer: Any, path: str) -> Any:
+        """`answer` read as `shape`, or a `ServiceError` saying what it lacks."""
+        try:
+            return shape.model_validate(answer)
+        except ValidationError as err:
+            problem = err.errors()[0]
+            where = ".".join(str(p) for p in problem["loc"]) or "the answer"
+            reason = f"unexpected answer: {where}: {problem['msg']}"
+            raise ServiceError(200, reason, f"{self.url}{path}") from None
+
+
+def _service_url(url: str) -> str:
+    """`url` without a trailing slash, once it is an http(s) URL with a host and no query or fragment."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as err:
+        raise ServiceError(0, f"not a URL: {err}", str(url)) from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ServiceError(0, "not an http(s) URL with a host: give e.g. http://127.0.0.1:8000", url)
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise ServiceError(0, f"port {parsed.port}: a port is 1 to 65535", url)
+    if parsed.query or parsed.fragment:
+        raise ServiceError(0, "give the service's URL without a query or fragment", url)
+    return url.rstrip("/")
+
+
+def _path_segment(doc_id: str) -> str:
+    """`doc_id` escaped as one path segment: every reserved character percent-encoded, and a whole `.`
+    or `..` too (which URL normalisation would otherwise resolve as the folder or its parent)."""
+    escaped = quote(doc_id, safe="")
+    return escaped.replace(".", "%2E") if escaped in (".", "..") else escaped
+
+
+def _vectors(answer: _EmbeddingsAnswer, count: int, url: str) -> np.ndarray:
+    """The float32 rows of an embeddings answer, one per text in order, checked to be whole and alike."""
+    if sorted(item.index for item in answer.data) != list(range(count)):
+        raise ServiceError(200, f"{len(answer.data)} embeddings, not one each for {count} texts", url)
+    rows = []
+    for item in sorted(answer.data, key=lambda item: item.index):
+        try:
+            raw = base64.b64decode(item.embedding, validate=True)
+        except (binascii.Error, ValueError):
+            raise ServiceError(200, f"embedding {item.index} is not base64", url) from None
+        if len(raw) % 4:
+            raise ServiceError(200, f"embedding {item.index}: {len(raw)} bytes, not whole float32s", url)
+        rows.append(np.frombuffer(raw, dtype="<f4"))
+    if len({len(row) for row in rows}) > 1:
+        raise ServiceError(200, f"embeddings of several sizes: {sorted({len(row) for row in rows})}", url)
+    return np.stack(rows) if rows else np.empty((0, 0), dtype=np.float32)
 
 
 def _retry_after(response: httpx.Response) -> float:
-    """The seconds a 429 or 503 asks the client to wait (1 when it does not say in seconds)."""
+    """The seconds a 429 or 503 asks the client to wait: its Retry-After in seconds or as an HTTP date,
+    never below 0; 1 when it says neither (or NaN)."""
+    value = response.headers.get("Retry-After", "1").strip()
     try:
-        return max(0.0, float(response.headers.get("Retry-After", "1")))
+        seconds = float(value)
     except ValueError:
-        return 1.0
+        seconds = _seconds_until(value)
+    return 1.0 if math.isnan(seconds) else max(0.0, seconds)
+
+
+def _seconds_until(date: str) -> float:
+    """Seconds from now until an HTTP date, or NaN for text that is none."""
+    try:
+        when = email.utils.parsedate_to_datetime(date)
+    except (TypeError, ValueError, IndexError):
+        return math.nan
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return (when - datetime.now(timezone.utc)).total_seconds()
 
 
 def _detail(response: httpx.Response) -> str:
@@ -124,9 +260,15 @@ def _detail(response: httpx.Response) -> str:
     try:
         body = response.json()
     except ValueError:
-        return response.text
+        return response.text or response.reason_phrase
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return str(body["error"].get("message"))
     if isinstance(body, dict) and "detail" in body:
         return body["detail"] if isinstance(body["detail"], str) else str(body["detail"])
     return response.text
+
+
+def _one_line(text: str) -> str:
+    """`text` on one line of at most _DETAIL_CHARS characters."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= _DETAIL_CHARS else f"{line[:_DETAIL_CHARS]}... ({len(line)} characters)"

@@ -21,14 +21,16 @@ def pyplot() -> Any:
     return plt
 
 
-def save_png(figure: Any, output: Path | str, record: bool = False) -> Path:
+def save_png(
+    figure: Any, output: Path | str, record: bool = False, identity: dict[str, Any] | None = None
+) -> Path:
     """Save `figure` to `output` atomically and close it; with `record`, mark the file as a plot
-    densekit wrote (a file output the same command may replace next time)."""
+    densekit wrote from `identity` (a file output the same command may replace next time)."""
     plt = pyplot()
     figure.tight_layout()
     with atomic_file(output, "wb", encoding=None) as handle:
         figure.savefig(handle, format="png", dpi=100)
     plt.close(figure)
     if record:
-        write_file_manifest(output, PLOT_KIND, {})
+        write_file_manifest(output, PLOT_KIND, identity or {})
     return Path(output)

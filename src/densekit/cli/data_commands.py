@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -17,7 +17,11 @@ from densekit.data.trec import read_qrels, read_run
 from densekit.data.validate import validate_dataset
 from densekit.diagnostics import Diagnostics
 from densekit.evaluation import DEFAULT_MEASURES, PER_QUERY_KIND, SCORES_KIND, evaluate, evaluate_per_query
-from densekit.io.outputs import check_file_output, write_output_text
+from densekit.io.outputs import check_file_output, command_identity, write_output_text
+from densekit.limits import MAX_PER_DOCUMENT
+
+if TYPE_CHECKING:
+    from densekit.data.pseudo_queries import PseudoQuerySettings
 
 console = Console(soft_wrap=True)
 
@@ -59,16 +63,18 @@ def evaluate_command(
     per_query: Annotated[
         Path | None, typer.Option("--per-query", help="Write `query measure value` lines here ('-': stdout).")
     ] = None,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Score a run against judgements with ir_measures (nDCG@10, RR@10, R@100, R@1000, AP by default)."""
     inputs = [qrels, run]
+    names = measure or list(DEFAULT_MEASURES)
+    identity = command_identity("evaluate", {"measures": names}, inputs)
     for output, kind in ((json_file, SCORES_KIND), (per_query, PER_QUERY_KIND)):
         if output is not None and str(output) != "-":
-            check_file_output(output, kind, inputs)
+            check_file_output(output, kind, inputs, identity, overwrite)
     diagnostics = Diagnostics()
     judgements = read_qrels(qrels, diagnostics)
     ranked = read_run(run, diagnostics)
-    names = measure or list(DEFAULT_MEASURES)
     shared = set(ranked) & set(judgements)
     if not shared:
         raise ValueError(f"{run} and {qrels} share no query ids")
@@ -84,13 +90,14 @@ def evaluate_command(
     if unanswered:
         console.print(f"[yellow]{unanswered} judged queries have no results in the run and count as 0[/]")
     if json_file is not None:
-        write_output_text(json_file, SCORES_KIND, json.dumps(scores, indent=2) + "\n", inputs=inputs)
+        text = json.dumps(scores, indent=2) + "\n"
+        write_output_text(json_file, SCORES_KIND, text, identity, inputs, overwrite)
     if per_query is not None:
         lines = "".join(f"{q}\t{m}\t{v:.6f}\n" for q, m, v in evaluate_per_query(judgements, ranked, names))
         if str(per_query) == "-":
             sys.stdout.write(lines)
         else:
-            write_output_text(per_query, PER_QUERY_KIND, lines, inputs=inputs)
+            write_output_text(per_query, PER_QUERY_KIND, lines, identity, inputs, overwrite)
 
 
 def split_queries(
@@ -124,7 +131,14 @@ def pseudo_queries(
     words: Annotated[
         str, typer.Option(help="span and keywords: query lengths in words, as min-max.")
     ] = "8-24",
-    per_document: Annotated[int, typer.Option(min=1, help="span and keywords: queries per document.")] = 1,
+    per_document: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_PER_DOCUMENT,
+            help=f"span and keywords: queries per document (1 to {MAX_PER_DOCUMENT}).",
+        ),
+    ] = 1,
     max_documents: Annotated[
         int | None, typer.Option(min=1, help="Draw from this many documents, chosen at random.")
     ] = None,
@@ -132,27 +146,63 @@ def pseudo_queries(
         str | None, typer.Option(help="The collection's domain, written into every example (routing).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the crops and the draw.")] = 0,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Make training examples from the corpus alone: each pseudo-query (a span of a document, its title,
     its first sentence or keywords drawn from it) has its document as the one positive. Add negatives
-    with `densekit mine --examples OUTPUT`. Writes the file atomically, and a report of what each
-    document gave beside it."""
+    with `densekit mine --examples OUTPUT`. Writes the file atomically as the queries are drawn, and a
+    report of what each document gave beside it; a file made from other settings is replaced only with
+    --overwrite."""
     from densekit.data.dataset import Dataset
-    from densekit.data.pseudo_queries import PseudoQuerySettings, write_pseudo_queries
+    from densekit.data.pseudo_queries import write_pseudo_queries
 
-    low, sep, high = words.partition("-")
-    if not sep or not low.isdigit() or not high.isdigit():
-        raise ValueError(f"--words {words!r} is not of the form min-max, e.g. 8-24")
-    settings = PseudoQuerySettings(
-        method=method, per_document=per_document, min_words=int(low), max_words=int(high),
-        max_documents=max_documents, seed=seed, domain=domain,
-    )  # fmt: skip
-    summary = write_pseudo_queries(Dataset.open(data_dir), settings, output)
+    options = {"method": method, "per_document": per_document, "words": words,
+               "max_documents": max_documents, "seed": seed, "domain": domain}  # fmt: skip
+    settings = pseudo_query_settings(options)
+    summary = write_pseudo_queries(Dataset.open(data_dir), settings, output, overwrite)
     skipped = ", ".join(f"{n} {why}" for why, n in summary["documents_without_query"].items()) or "none"
     console.print(
         f"{output}: {summary['queries']} pseudo-queries from {summary['documents']} documents "
         f"(documents without one: {skipped})"
     )
+
+
+# How each setting of a pseudo-query error is named on the command line, and what it allows.
+_PSEUDO_QUERY_OPTIONS = {
+    "method": ("--method", "use span, title, lead or keywords"),
+    "per_document": ("--per-document", f"from 1 to {MAX_PER_DOCUMENT}"),
+    "max_documents": ("--max-documents", "give 1 or more"),
+    "domain": ("--domain", "give a name of at least one character"),
+    "min_words": ("--words", "give min-max, each 1 or more"),
+    "max_words": ("--words", "give min-max, each 1 or more"),
+}
+
+
+def pseudo_query_settings(options: dict) -> PseudoQuerySettings:
+    """`pseudo-queries`' options as settings; an invalid one is a `ValueError` naming the option and what
+    it allows, in one line."""
+    from pydantic import ValidationError
+
+    from densekit.data.pseudo_queries import PseudoQuerySettings
+
+    words = options["words"]
+    low, sep, high = words.partition("-")
+    if not sep or not low.isdigit() or not high.isdigit():
+        raise ValueError(f"--words {words!r} is not of the form min-max, e.g. 8-24")
+    fields = {k: v for k, v in options.items() if k != "words"}
+    fields.update(min_words=int(low), max_words=int(high))
+    if fields["min_words"] > fields["max_words"]:
+        raise ValueError(f"--words {words}: the shortest length is above the longest")
+    if fields["method"] in ("title", "lead") and fields["per_document"] != 1:
+        raise ValueError(f"--per-document {fields['per_document']}: for span and keywords only")
+    try:
+        return PseudoQuerySettings(**fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "method"
+        option, allowed = _PSEUDO_QUERY_OPTIONS.get(field, (f"--{field.replace('_', '-')}", first["msg"]))
+        value = words if option == "--words" else fields.get(field)
+        raise ValueError(f"{option} {value!r}: {allowed}") from None
 
 
 def register(app: typer.Typer) -> None:

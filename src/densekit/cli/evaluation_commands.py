@@ -29,7 +29,8 @@ from densekit.cli.options import (
 from densekit.data.trec import RUN_KIND, read_qrels, read_run, write_run
 from densekit.diagnostics import Diagnostics
 from densekit.evaluation.measures import SCORES_KIND, parse_measures
-from densekit.io.outputs import check_file_output, write_output_text
+from densekit.io.outputs import check_file_output, command_identity, write_output_text
+from densekit.limits import DEFAULT_TRIALS, MAX_RUN_DEPTH, MAX_TRIALS
 from densekit.plots import PLOT_KIND
 
 log = logging.getLogger("densekit")
@@ -130,10 +131,16 @@ def compare(
         list[Path], typer.Argument(help="Two or more TREC runs; the others are tested against the first.")
     ],
     measure: MeasureOpt = None,
-    trials: Annotated[int, typer.Option(min=100, help="Sign flips of the randomisation test.")] = 100_000,
+    trials: Annotated[
+        int,
+        typer.Option(
+            min=100, max=MAX_TRIALS, help=f"Sign flips of the randomisation test (100 to {MAX_TRIALS:,})."
+        ),
+    ] = DEFAULT_TRIALS,
     seed: Annotated[int, typer.Option(help="Seed of the randomisation test.")] = 0,
     json_file: JsonOpt = None,
     plot: PlotOpt = None,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Compare runs query by query: each run against the first, per measure, with a paired t-test and
     a paired randomisation test (two-sided), Holm-corrected across the runs; wins, losses, and a plot of
@@ -143,10 +150,11 @@ def compare(
     if len(runs) < 2:
         raise ValueError("give at least two runs to compare")
     inputs = [qrels, *runs]
+    measures = measure or ["nDCG@10"]
+    identity = command_identity("compare", {"measures": measures, "trials": trials, "seed": seed}, inputs)
     for path, kind in ((json_file, SCORES_KIND), (plot, PLOT_KIND)):
         if path is not None:
-            check_file_output(path, kind, inputs)
-    measures = measure or ["nDCG@10"]
+            check_file_output(path, kind, inputs, identity, overwrite)
     parse_measures(measures)
     diagnostics = Diagnostics()
     judgements = read_qrels(qrels, diagnostics)
@@ -173,9 +181,9 @@ def compare(
         console.print(table)
     if json_file is not None:
         text = json.dumps([c.to_json() for c in comparisons], indent=2) + "\n"
-        write_output_text(json_file, SCORES_KIND, text, inputs=inputs)
+        write_output_text(json_file, SCORES_KIND, text, identity, inputs, overwrite)
     if plot is not None:
-        plot_differences(comparisons, plot, record=True)
+        plot_differences(comparisons, plot, record=True, identity=identity)
         log.info("wrote %s", plot)
 
 
@@ -191,24 +199,38 @@ def fuse(
         str | None,
         typer.Option("--normalisation", help="linear: minmax (the default) or zscore, per query and run."),
     ] = None,
-    depth: Annotated[int, typer.Option("--depth", min=1, help="Documents kept per query.")] = 1000,
+    depth: Annotated[
+        int, typer.Option("--depth", min=1, max=MAX_RUN_DEPTH, help="Documents kept per query.")
+    ] = 1000,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Fuse runs into one: reciprocal rank fusion (sum of w/(k + rank)) or a weighted sum of scores
     normalised per query (a document a run missed takes that run's lowest normalised score)."""
     from densekit.evaluation.fusion import check_fusion_settings, fuse_runs
 
     check_fusion_settings(method, k, normalisation)  # before reading any run
-    check_file_output(output, RUN_KIND, runs)
-    parsed = None
-    if weights is not None:
-        try:
-            parsed = [float(w) for w in weights.split(",")]
-        except ValueError:
-            raise ValueError(f"--weights {weights}: give numbers separated by commas, e.g. 0.3,0.7") from None
+    parsed = _fusion_weights(weights, len(runs))
+    settings = {"method": method, "weights": parsed, "k": k, "normalisation": normalisation, "depth": depth}
+    identity = command_identity("fuse", settings, runs)
+    check_file_output(output, RUN_KIND, runs, identity, overwrite)
     diagnostics = Diagnostics()
     fused = fuse_runs([read_run(path, diagnostics) for path in runs], method, parsed, k, normalisation, depth)
-    write_run(output, fused, tag=method, inputs=runs)
+    write_run(output, fused, tag=method, inputs=runs, identity=identity, overwrite=overwrite)
     log.info("wrote %s (%d queries)", output, len(fused))
+
+
+def _fusion_weights(weights: str | None, runs: int) -> list[float] | None:
+    """`--weights` as numbers, refused unless one per run, each finite and zero or more, one above 0."""
+    from densekit.evaluation.fusion import check_weights
+
+    if weights is None:
+        return None
+    try:
+        parsed = [float(w) for w in weights.split(",")]
+    except ValueError:
+        raise ValueError(f"--weights {weights}: give numbers separated by commas, e.g. 0.3,0.7") from None
+    check_weights(parsed, runs, f"--weights {weights}")
+    return parsed
 
 
 def diagnose_negatives_command(
@@ -217,12 +239,15 @@ def diagnose_negatives_command(
     ],
     model: Annotated[str, typer.Argument(help="The model whose dense top k is the reference.")],
     index_dir: Annotated[Path, typer.Argument(help="That model's index of the corpus.")],
-    depth: Annotated[int, typer.Option("--depth", min=1, help="The dense top k looked in.")] = 200,
+    depth: Annotated[
+        int, typer.Option("--depth", min=1, max=MAX_RUN_DEPTH, help="The dense top k looked in.")
+    ] = 200,
     batch_size: BatchOpt = 64,
     device: DeviceOpt = "auto",
     module: ModuleOpt = None,
     json_file: JsonOpt = None,
     plot: PlotOpt = None,
+    overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """ANCE's diagnostic: the share of training negatives the model itself ranks in its dense top k,
@@ -231,10 +256,11 @@ def diagnose_negatives_command(
     from densekit.index import SearchIndex
     from densekit.mining.diagnose import diagnose_negatives, plot_negatives
 
-    inputs = [*examples, index_dir, model]
+    inputs = [*examples, index_dir, model, *([module] if module else [])]
+    identity = command_identity("diagnose-negatives", {"depth": depth}, inputs)
     for path, kind in ((json_file, SCORES_KIND), (plot, PLOT_KIND)):
         if path is not None:
-            check_file_output(path, kind, inputs)
+            check_file_output(path, kind, inputs, identity, overwrite)
     encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
     searcher = SearchIndex.load(index_dir)
     reports = [
@@ -250,9 +276,9 @@ def diagnose_negatives_command(
     console.print(table)
     if json_file is not None:
         text = json.dumps([r.to_json() for r in reports], indent=2) + "\n"
-        write_output_text(json_file, SCORES_KIND, text, inputs=inputs)
+        write_output_text(json_file, SCORES_KIND, text, identity, inputs, overwrite)
     if plot is not None:
-        plot_negatives(reports, plot, record=True)
+        plot_negatives(reports, plot, record=True, identity=identity)
         log.info("wrote %s", plot)
 
 

@@ -41,6 +41,27 @@ ModulesArg = Annotated[
 ]
 
 
+def _check_output(output: Path, inputs: list[Path]) -> None:
+    """Refuse, before anything is loaded, an output that is one of the inputs or holds one, or lies in a
+    collection folder."""
+    from densekit.io.outputs import check_not_in_collection, check_not_input
+
+    check_not_input(output, inputs)
+    check_not_in_collection(output)
+
+
+def _check_module_folder(output: Path, encoder, inputs: list[Path], overwrite: bool) -> None:
+    """Refuse an output folder holding a module densekit made from other modules or settings, unless
+    `overwrite`; the identity is the one `EncoderModule.save` records for the active module."""
+    from densekit.io.outputs import check_artefact_output
+    from densekit.models.modules.module import MODULE_KIND
+
+    module = encoder.module
+    identity = {"base": module.base["fingerprint"], "module": module.fingerprint(),
+                "settings": encoder.config.model_dump()}  # fmt: skip
+    check_artefact_output(output, MODULE_KIND, identity, inputs, overwrite)
+
+
 def _load_modules(folders: list[Path]):
     """Two or more modules on their base (see `load_modules`)."""
     from densekit.models.modules.route import load_modules
@@ -60,21 +81,36 @@ def route(
     fallback: Annotated[
         str | None, typer.Option(help="Module name (or 'base') for a domain not listed; default: an error.")
     ] = None,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Write a fixed route: each query's domain (`densekit search --domain`) picks its module. The modules
-    must leave passages to the base (towers: query), so one index of the base's passages serves them all."""
-    from densekit.models.modules.route import Route
-    from densekit.models.modules.routing import RouteSpec
+    must leave passages to the base (towers: query), so one index of the base's passages serves them all.
+    A domain is given once; OUTPUT holding a route of other modules or domains is replaced only with
+    --overwrite."""
+    from densekit.io.outputs import check_artefact_output
+    from densekit.models.modules.route import ROUTE_KIND, Route
+    from densekit.models.modules.routing import BASE, RouteSpec
 
-    encoder, names = _load_modules(modules)
+    _check_output(output, modules)
     pairs = {}
     for item in domain:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
             raise ValueError(f"--domain {item!r} is not DOMAIN=MODULE_NAME")
+        if key in pairs:
+            raise ValueError(f"--domain {key} given twice ({key}={pairs[key]}, {item}): give a domain once")
         pairs[key] = value
+    encoder, names = _load_modules(modules)
+    unknown = sorted({*pairs.values(), *([fallback] if fallback else [])} - {*names, BASE})
+    if unknown:
+        raise ValueError(
+            f"--domain/--fallback name {', '.join(map(repr, unknown))}: no module of that name was given "
+            f"(the modules: {', '.join(names)}; or {BASE!r} for the base alone)"
+        )
     spec = RouteSpec(type="fixed", modules=names, domains=pairs, fallback=fallback)
-    Route(encoder, spec).save(output, dict(zip(names, modules, strict=True)))
+    made = Route(encoder, spec)
+    check_artefact_output(output, ROUTE_KIND, {"route": made.fingerprint()}, modules, overwrite)
+    made.save(output, dict(zip(names, modules, strict=True)))
     log.info("wrote %s: domains %s", output, ", ".join(f"{k} -> {v}" for k, v in pairs.items()))
 
 
@@ -84,11 +120,14 @@ def average(
     output: Annotated[Path, typer.Option("--output", "-o", help="The module folder to write.")],
     weights: Annotated[str, typer.Option(help="One weight per module, comma-separated, summing to 1.")],
     name: Annotated[str, typer.Option(help="The averaged module's name.")] = "averaged",
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Average modules by their parameters into one module (LoRA: the weighted average of their weight
-    changes, exactly; other kinds: of each tensor, same settings only)."""
+    changes, exactly; other kinds: of each tensor, same settings only). OUTPUT holding a module of
+    other weights is replaced only with --overwrite, and is never one of the modules."""
     from densekit.models.modules.averaging import average_modules
 
+    _check_output(output, modules)
     encoder, names = _load_modules(modules)
     try:
         values = [float(w) for w in weights.split(",")]
@@ -96,6 +135,7 @@ def average(
         raise ValueError(f"--weights {weights!r} is not a comma-separated list of numbers") from None
     average_modules(encoder, names, values, name)
     encoder.activate(name)
+    _check_module_folder(output, encoder, modules, overwrite)
     encoder.save(output)
     log.info("wrote %s: %s", output, " + ".join(f"{w:g} x {n}" for w, n in zip(values, names, strict=True)))
 
@@ -105,14 +145,18 @@ def generate(
     hypernetwork: Annotated[Path, typer.Argument(help="A trained hypernetwork's folder.")],
     domain: Annotated[str, typer.Option(help="The domain whose module to write.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The module folder to write.")],
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Write the module a hypernetwork generates for one of its domains: an ordinary LoRA module folder
-    (query-only) that every command takes with --module."""
+    (query-only) that every command takes with --module; one of another module is replaced only with
+    --overwrite."""
     from densekit.models.modules.hypernetwork import LoraHypernetwork
 
+    _check_output(output, [hypernetwork])
     network = LoraHypernetwork.load(hypernetwork)
     network.module_for(domain)
     network.encoder.activate(domain)
+    _check_module_folder(output, network.encoder, [hypernetwork], overwrite)
     network.encoder.save(output)
     log.info("wrote %s: the module of domain %r", output, domain)
 
@@ -129,6 +173,7 @@ def diagnose(
     json_output: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write the heat map (PNG).")] = None,
     device: DeviceOpt = "auto",
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """How a route uses its modules on each collection's queries: mean weight and top-choice share per
     module, the weights' entropy, and collapse (a module taking nearly every query, or none)."""
@@ -138,15 +183,17 @@ def diagnose(
     from densekit.data.dataset import Dataset
     from densekit.encoding.device import resolve_device
     from densekit.evaluation.routing import plot_usage, route_usage
-    from densekit.io.outputs import check_file_output, write_output_text
+    from densekit.io.outputs import check_file_output, command_identity, write_output_text
     from densekit.models.modules.route import Route
     from densekit.plots import PLOT_KIND
 
     if domain and len(domain) != len(data_dirs):
         raise ValueError(f"{len(domain)} --domain values for {len(data_dirs)} collections")
+    inputs = [route_dir, *data_dirs]
+    identity = command_identity("modules diagnose", {"split": split, "domains": domain}, inputs)
     for path, kind in ((json_output, "routing report"), (plot, PLOT_KIND)):
         if path is not None:
-            check_file_output(path, kind, [route_dir, *data_dirs])
+            check_file_output(path, kind, inputs, identity, overwrite)
     route = Route.load(route_dir, resolve_device(device))
     collections = {}
     for i, data_dir in enumerate(data_dirs):
@@ -169,9 +216,10 @@ def diagnose(
     if json_output is not None:
         import json
 
-        write_output_text(json_output, "routing report", json.dumps(report, indent=2) + "\n")
+        text = json.dumps(report, indent=2) + "\n"
+        write_output_text(json_output, "routing report", text, identity, inputs, overwrite)
     if plot is not None:
-        plot_usage(report, plot)
+        plot_usage(report, plot, identity)
 
 
 def register(app: typer.Typer) -> None:

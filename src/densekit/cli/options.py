@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from densekit.limits import MAX_RUN_DEPTH
 from densekit.models.config import Pooling
 
 if TYPE_CHECKING:
@@ -18,7 +19,12 @@ ModelArg = Annotated[
 ]
 DataDirArg = Annotated[Path, typer.Argument(help="A BEIR or MS MARCO-style collection folder.")]
 SplitOpt = Annotated[str, typer.Option("--split", help="The qrels split whose queries are searched.")]
-DepthOpt = Annotated[int, typer.Option("--k", min=1, help="Documents retrieved per query.")]
+DepthOpt = Annotated[
+    int,
+    typer.Option(
+        "--k", min=1, max=MAX_RUN_DEPTH, help=f"Documents retrieved per query (1 to {MAX_RUN_DEPTH:,})."
+    ),
+]
 BatchOpt = Annotated[int, typer.Option("--batch-size", min=1, help="Texts encoded per batch.")]
 DeviceOpt = Annotated[
     str, typer.Option("--device", help="auto (a GPU if torch sees one), cpu, cuda, cuda:1...")
@@ -66,7 +72,9 @@ PassagePrefixOpt = Annotated[
 OverwriteOpt = Annotated[
     bool,
     typer.Option(
-        "--overwrite", help="Replace an output folder densekit made for another run (never anything else)."
+        "--overwrite",
+        help="Replace an output densekit made by another command or from other settings or inputs (never "
+        "anything else); the same command with the same settings may write it again without.",
     ),
 ]
 ModuleOpt = Annotated[
@@ -129,4 +137,21 @@ def load_route(
         raise ValueError(
             f"{model} is a route folder: it names its base, modules and settings; {named} do not apply"
         )
-    return Route.load(model, resolve_device(device))
+    route = Route.load(model, resolve_device(device))
+    check_route_domains(model, route, domain)
+    return route
+
+
+def check_route_domains(model: str, route: Route, domain: object) -> None:
+    """Refuse `--domain` values a fixed route does not route (and has no fallback for), listing its
+    domains, before any work."""
+    given = [domain] if isinstance(domain, str) else list(domain or [])  # type: ignore[call-overload]
+    spec = route.spec
+    if spec.type != "fixed" or spec.fallback is not None:
+        return
+    unknown = [name for name in given if name not in spec.domains]
+    if unknown:
+        raise ValueError(
+            f"--domain {unknown[0]!r}: the route {model} routes the domains {', '.join(spec.domains)} "
+            "(and has no fallback for others)"
+        )

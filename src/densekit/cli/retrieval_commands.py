@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,7 +36,7 @@ from densekit.cli.options import (
 from densekit.data.dataset import Dataset
 from densekit.data.trec import RUN_KIND, write_run
 from densekit.index.spec import IndexSpec, IndexType, SpecError
-from densekit.io.outputs import check_file_output
+from densekit.io.outputs import check_file_output, command_identity
 
 log = logging.getLogger("densekit")
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Where to write the result.")]
@@ -71,16 +70,19 @@ def bm25(
     k: DepthOpt = 1000,
     k1: Annotated[float, typer.Option(help="BM25 term-frequency saturation.")] = 0.9,
     b: Annotated[float, typer.Option(help="BM25 length normalisation.")] = 0.4,
+    overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """Rank the corpus with BM25 (title + text, English stemmer and stop words) for a split's queries."""
     from densekit.retrieval.bm25 import BM25Config, BM25Index
 
-    check_file_output(output, RUN_KIND, [data_dir])
+    identity = command_identity("bm25", {"split": split, "k": k, "k1": k1, "b": b}, [data_dir])
+    check_file_output(output, RUN_KIND, [data_dir], identity, overwrite)
     dataset = Dataset.open(data_dir)
     queries, _ = dataset.split_queries(split)
     index = BM25Index.of_dataset(dataset, BM25Config(k1=k1, b=b), progress)
-    write_run(output, index.search(queries, k), tag="bm25", inputs=[data_dir])
+    write_run(output, index.search(queries, k), tag="bm25", inputs=[data_dir], identity=identity,
+              overwrite=overwrite)  # fmt: skip
     log.info("wrote %s (%d queries)", output, len(queries))
 
 
@@ -174,10 +176,20 @@ def index(
         str, typer.Option("--backend", help="faiss (a local file) or milvus (a Milvus collection).")
     ] = "faiss",
     uri: Annotated[
-        str | None, typer.Option("--uri", help="milvus: a Milvus URI, or a local file for Milvus Lite.")
+        str | None,
+        typer.Option(
+            "--uri",
+            help="milvus: a Milvus server's URI, or for Milvus Lite a path ending in .db (recorded absolute; "
+            "new, empty or a Milvus Lite database).",
+        ),
     ] = None,
     collection: Annotated[
-        str | None, typer.Option("--collection", help="milvus: the collection (default: OUTPUT's name).")
+        str | None,
+        typer.Option(
+            "--collection",
+            help="milvus: the collection, a letter or '_' then letters, digits and '_' (default: OUTPUT's "
+            "name).",
+        ),
     ] = None,
     memory_check: Annotated[
         bool,
@@ -198,14 +210,17 @@ def index(
     from densekit.index import build_index
 
     if backend == "milvus":
-        from densekit.index.milvus_index import build_milvus_index
+        from densekit.index.milvus_index import build_milvus_index, default_collection
 
         if uri is None:
             raise ValueError("--backend milvus needs --uri (a Milvus URI, or a file path for Milvus Lite)")
         if index_type != "flat":
             raise ValueError(f"--type {index_type}: the Milvus backend searches exactly (flat) only")
-        name = collection or re.sub(r"\W", "_", output.resolve().name)
-        build_milvus_index(EmbeddingStore.open(embeddings), output, uri, name, overwrite, progress)
+        name = collection or default_collection(output)
+        try:
+            build_milvus_index(EmbeddingStore.open(embeddings), output, uri, name, overwrite, progress)
+        except SpecError as err:
+            raise _option_error(err) from None
         log.info("wrote %s (Milvus collection %r at %s)", output, name, uri)
         return
     if backend != "faiss":
@@ -260,6 +275,7 @@ def search(
         ),
     ] = None,
     trust_remote_code: RemoteCodeOpt = False,
+    overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """Encode a split's queries and write their top k documents from the index as a TREC run. MODEL may be
@@ -269,7 +285,13 @@ def search(
     from densekit.index import SearchIndex
     from densekit.retrieval.retriever import Retriever
 
-    check_file_output(output, RUN_KIND, [index_dir, data_dir, model, *([module] if module else [])])
+    inputs = [index_dir, data_dir, model, *([module] if module else [])]
+    settings = {"split": split, "k": k, "backend": backend, "precision": precision, "ef_search": ef_search,
+                "nprobe": nprobe, "pooling": pooling, "normalize": normalize,
+                "query_max_length": query_max_length, "passage_max_length": passage_max_length,
+                "query_prefix": query_prefix, "passage_prefix": passage_prefix, "domain": domain}  # fmt: skip
+    identity = command_identity("search", settings, inputs)
+    check_file_output(output, RUN_KIND, inputs, identity, overwrite)
     dataset = Dataset.open(data_dir)
     queries, _ = dataset.split_queries(split)
     route = load_route(
@@ -300,13 +322,16 @@ def search(
         show_progress=progress,
         domain=domain,  # type: ignore[arg-type]
     )
-    write_run(output, run, tag="densekit", inputs=[index_dir, data_dir, model, *([module] if module else [])])
+    write_run(output, run, tag="densekit", inputs=inputs, identity=identity, overwrite=overwrite)
     log.info("wrote %s (%d queries)", output, len(queries))
 
 
 def rerank(
     model: Annotated[
-        str, typer.Argument(help="A cross-encoder folder (or an encoder: a new, untrained head).")
+        str,
+        typer.Argument(
+            help="A cross-encoder folder (or hub id) with its trained head; a plain encoder is refused."
+        ),
     ],
     run: Annotated[Path, typer.Argument(help="The TREC run to rerank (BM25, dense, fused...).")],
     data_dir: DataDirArg,
@@ -318,6 +343,7 @@ def rerank(
     device: DeviceOpt = "auto",
     precision: TorchPrecisionOpt = "float32",
     trust_remote_code: RemoteCodeOpt = False,
+    overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """Rerank each query's top DEPTH documents of RUN with a cross-encoder; the documents below keep
@@ -328,18 +354,21 @@ def rerank(
     from densekit.models.cross_encoder import CrossEncoder
     from densekit.retrieval.rerank import rerank_run
 
-    check_file_output(output, RUN_KIND, [run, data_dir, model])
+    settings = {"split": split, "depth": depth, "max_length": max_length, "precision": precision}
+    identity = command_identity("rerank", settings, [run, data_dir, model])
+    check_file_output(output, RUN_KIND, [run, data_dir, model], identity, overwrite)
     target = resolve_device(device)
     autocast(target, precision)  # type: ignore[arg-type]  # refuses fp16 on a CPU before any work
     dataset = Dataset.open(data_dir)
     queries, _ = dataset.split_queries(split)
     first = read_run(run, Diagnostics())
-    cross_encoder = CrossEncoder.load(model, max_length, trust_remote_code).to(target)
+    cross_encoder = CrossEncoder.load(model, max_length, trust_remote_code, require_head=True).to(target)
     corpus = dataset.iter_corpus()
     reranked = rerank_run(
         cross_encoder, first, queries, corpus, depth, batch_size, progress, precision=precision  # type: ignore[arg-type]
     )  # fmt: skip
-    write_run(output, reranked, tag="rerank", inputs=[run, data_dir, model])
+    write_run(output, reranked, tag="rerank", inputs=[run, data_dir, model], identity=identity,
+              overwrite=overwrite)  # fmt: skip
     log.info("wrote %s (%d queries, top %d reranked)", output, len(reranked), depth)
 
 

@@ -2,30 +2,85 @@
 
 from __future__ import annotations
 
+import faulthandler
 import ipaddress
 import logging
 import os
+import re
+import socket
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from densekit.cli.options import BackendOpt, DeviceOpt, MmapIndexOpt, ModelArg, ModuleOpt
 
+if TYPE_CHECKING:
+    from densekit.models.encoder import DenseEncoder
+    from densekit.retrieval.retriever import Retriever
+
 log = logging.getLogger("densekit")
 API_KEY_VARIABLE = "DENSEKIT_API_KEY"
+# What a token may hold: printable ASCII. An HTTP header carries bytes that servers read as Latin-1, so a
+# token of other characters could never match the one sent (and clients cannot send it).
+_TOKEN = re.compile(r"[\x20-\x7e]+")
+# A host name as --allowed-host takes it: letters, digits, dots, hyphens and underscores, or "*".
+_HOST_NAME = re.compile(r"\*|[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?")
 
 
 def read_api_key(api_key_file: Path | None) -> str | None:
-    """The token from `api_key_file` (its first line) or the DENSEKIT_API_KEY variable, or None."""
+    """The token from `api_key_file` (its first line) or the DENSEKIT_API_KEY variable, or None; one of
+    other characters than printable ASCII is refused."""
     if api_key_file is not None:
         lines = api_key_file.read_text(encoding="utf-8").splitlines()
         key = lines[0].strip() if lines else ""
         if not key:
             raise ValueError(f"{api_key_file}:1: empty: write the token on the first line")
+        _check_token(key, f"{api_key_file}:1")
         return key
     key = os.environ.get(API_KEY_VARIABLE, "").strip()
+    if key:
+        _check_token(key, API_KEY_VARIABLE)
     return key or None
+
+
+def _check_token(key: str, where: str) -> None:
+    if not _TOKEN.fullmatch(key):
+        raise ValueError(
+            f"{where}: the token holds characters other than printable ASCII, which an HTTP header cannot "
+            "carry as they are: use letters, digits and punctuation (e.g. `openssl rand -hex 24`)"
+        )
+
+
+def allowed_hosts(host: str, names: list[str]) -> list[str]:
+    """The names a request's Host header may give besides IP addresses and localhost: `--host` (when it
+    is a name) and each `--allowed-host`, checked to be host names (or "*", any)."""
+    for name in names:
+        if not _HOST_NAME.fullmatch(name):
+            raise ValueError(
+                f"--allowed-host {name!r}: give a host name (e.g. search.example.com), without scheme, port "
+                "or path, or * for any"
+            )
+    return [name.lower() for name in (host, *names)]
+
+
+def claim_port(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` (not yet listening), so that a port in use is an error before
+    anything is loaded, and stays ours while the model loads."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: not over a listener
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        reason = err.strerror or str(err)
+        raise ValueError(
+            f"--host {host} --port {port}: cannot listen there ({reason}): stop what holds it or choose "
+            "another --port"
+        ) from None
+    return sock
 
 
 def _module_and_index(text: str) -> tuple[Path, Path]:
@@ -43,6 +98,24 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _enable_faulthandler() -> None:
+    """Have a fatal signal (SIGBUS from a mapped index truncated under a search, say) print the
+    tracebacks of every thread on the process's standard error before it dies."""
+    if sys.__stderr__ is not None:
+        faulthandler.enable(file=sys.__stderr__)  # sys.stderr may be a stream without a file descriptor
+
+
+def _serve_on(app: object, sock: socket.socket, host: str, port: int) -> None:
+    """Serve `app` on the bound socket until Ctrl-C or SIGTERM, letting requests in flight finish."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    if not server.started:
+        raise RuntimeError(f"the service did not start on {host}:{port}: see the log above")
 
 
 def serve(
@@ -91,6 +164,9 @@ def serve(
         int, typer.Option(min=1, help="Texts run through the model at a time, sorted by length.")
     ] = 16,
     max_k: Annotated[int, typer.Option(min=1, help="Most hits a query may ask for.")] = 1000,
+    max_hits: Annotated[
+        int, typer.Option(min=1, help="Most hits one /search request may ask for: its queries times k.")
+    ] = 10_000,
     max_queries: Annotated[
         int, typer.Option(min=1, help="Most queries (or /v1/embeddings inputs) in one request.")
     ] = 64,
@@ -113,22 +189,24 @@ def serve(
     open_metrics: Annotated[
         bool, typer.Option("--open-metrics", help="Serve /metrics without the token (for a scraper).")
     ] = False,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="A name requests may give as Host besides localhost, IP addresses and --host (a reverse "
+            "proxy's, say); repeatable; * allows any. Other names get 403 (against DNS rebinding).",
+        ),
+    ] = None,
 ) -> None:
     """Serve MODEL and INDEX_DIR over HTTP: POST /search, OpenAI's POST /v1/embeddings and GET /v1/models,
     GET /documents/{id}, /info, /metrics (Prometheus), /health, a search page at / and the API's docs at
     /docs (docs/serving.md).
 
-    Everything is loaded and checked before the port opens. Without a token (--api-key-file or
-    DENSEKIT_API_KEY) it serves only on a loopback address. Ctrl-C or SIGTERM finishes the requests in
-    flight, then exits.
+    Everything is loaded and checked before the port opens; a port in use is an error before anything
+    loads. Without a token (--api-key-file or DENSEKIT_API_KEY) it serves only on a loopback address. A
+    request whose Host header is not an IP address, localhost, --host or an --allowed-host gets 403.
+    Ctrl-C or SIGTERM finishes the requests in flight, then exits.
     """
-    import uvicorn
-
-    from densekit.encoding.device import autocast, fastest_precision
-    from densekit.encoding.onnx_backend import use_backend
-    from densekit.retrieval.retriever import Retriever
-    from densekit.serving.app import Batching, Limits, create_app
-
     if max_queued < max_queries:
         raise ValueError(
             f"--max-queued {max_queued} is below --max-queries {max_queries}: a request of more texts than "
@@ -140,10 +218,35 @@ def serve(
             f"--host {host} is reachable from other machines: give a token with --api-key-file or "
             f"{API_KEY_VARIABLE}"
         )
-    limits = Limits(max_query_chars=max_query_chars, max_input_chars=max_input_chars, max_k=max_k,
-                    max_queries=max_queries, max_body_bytes=max_body_bytes, max_queued=max_queued,
-                    request_timeout_s=request_timeout or None)  # fmt: skip
-    extra = [_module_and_index(text) for text in module_index or []]
+    hosts = allowed_hosts(host, allowed_host or [])
+    if backend == "onnx" and module_index:
+        raise ValueError(f"--backend {backend} serves one model and its index: not a route or --module-index")
+    with claim_port(host, port) as sock:  # before torch and the model load: a port in use fails at once
+        from densekit.serving.app import Batching, Limits, create_app
+
+        limits = Limits(max_query_chars=max_query_chars, max_input_chars=max_input_chars, max_k=max_k,
+                        max_queries=max_queries, max_hits=max_hits, max_body_bytes=max_body_bytes,
+                        max_queued=max_queued, request_timeout_s=request_timeout or None)  # fmt: skip
+        retrievers = _retrievers(model, index_dir, corpus, module, module_index or [], device, mmap_index)
+        if backend == "onnx" and retrievers[0].route is not None:
+            raise ValueError(f"--backend {backend} serves one model and its index: not a route")
+        query_precision, precision, reason = _precision(retrievers[0].encoder, backend, precision)
+        batching = Batching(max_batch=max_batch, max_wait_ms=max_wait_ms, encode_batch=encode_batch)
+        app = create_app(retrievers, api_key, limits, batching, query_precision,
+                         served_model_name or model, open_metrics, reason, hosts)  # fmt: skip
+        _enable_faulthandler()
+        log.info("serving %s over %s on http://%s:%d (token %s; %s at %s: %s)", model, index_dir, host, port,
+                 "required" if api_key else "not required", backend, precision, reason)  # fmt: skip
+        _serve_on(app, sock, host, port)
+
+
+def _retrievers(model: str, index_dir: Path, corpus: Path | None, module: Path | None,
+                module_index: list[str], device: str, mmap_index: bool) -> list[Retriever]:  # fmt: skip
+    """The retriever of MODEL (with `module`) over `index_dir`, and one per `--module-index` sharing its
+    encoder, the first module active."""
+    from densekit.retrieval.retriever import Retriever
+
+    extra = [_module_and_index(text) for text in module_index]
     retrievers = [
         Retriever.open(model, index_dir, corpus, module, device, show_progress=True, mmap_index=mmap_index)
     ]
@@ -156,20 +259,22 @@ def serve(
             Retriever.over(encoder, extra_index, corpus, show_progress=True, mmap_index=mmap_index)
         )
     encoder.activate(retrievers[0].module)
-    if backend == "onnx" and (retrievers[0].route is not None or extra):
-        raise ValueError(f"--backend {backend} serves one model and its index: not a route or --module-index")
+    return retrievers
+
+
+def _precision(encoder: DenseEncoder, backend: str, precision: str) -> tuple[str, str, str]:
+    """Put `encoder` on `backend` at `precision` (auto: the fastest measured to keep quality here), and
+    return the precision torch's autocast uses, the precision chosen and why."""
+    from densekit.encoding.device import autocast, fastest_precision
+    from densekit.encoding.onnx_backend import use_backend
+
     reason = f"--precision {precision}"
     if precision == "auto":
         chosen = ("float32", "--backend onnx") if backend == "onnx" else fastest_precision(encoder.device)
         precision, reason = chosen[0], f"auto: {chosen[1]}"
     query_precision = use_backend(encoder, backend, precision)
     autocast(encoder.device, query_precision)  # fp16 on a CPU is refused now, not at the first request
-    batching = Batching(max_batch=max_batch, max_wait_ms=max_wait_ms, encode_batch=encode_batch)
-    app = create_app(retrievers, api_key, limits, batching, query_precision,
-                     served_model_name or model, open_metrics, reason)  # fmt: skip
-    log.info("serving %s over %s on http://%s:%d (token %s; %s at %s: %s)", model, index_dir, host, port,
-             "required" if api_key else "not required", backend, precision, reason)  # fmt: skip
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    return query_precision, precision, reason
 
 
 def register(app: typer.Typer) -> None:

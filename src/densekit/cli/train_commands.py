@@ -17,6 +17,7 @@ from densekit.cli.options import (
     RemoteCodeOpt,
     TorchPrecisionOpt,
 )
+from densekit.limits import MAX_RUN_DEPTH
 
 ResumeOpt = Annotated[
     bool,
@@ -112,7 +113,10 @@ def mine(
         ),
     ] = None,
     ranks: Annotated[
-        str, typer.Option(help="Rank range negatives come from, as first-last (1-based).")
+        str,
+        typer.Option(
+            help=f"Rank range negatives come from, as first-last (1-based, last at most {MAX_RUN_DEPTH:,})."
+        ),
     ] = "10-200",
     count: Annotated[int, typer.Option(min=1, help="Negatives sampled per query.")] = 30,
     margin: Annotated[
@@ -132,12 +136,14 @@ def mine(
     ] = None,
     batch_size: BatchOpt = 64,
     device: DeviceOpt = "auto",
+    overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """Build training examples from judgements (or an examples file), with hard negatives mined by BM25
     or a dense model.
 
-    Writes the file atomically and a report of what each filter removed beside it (FILE.report.json).
+    Writes the file atomically and a report of what each filter removed beside it (FILE.report.json);
+    files mined with other settings or inputs are replaced only with --overwrite.
     """
     from rich.console import Console
 
@@ -150,6 +156,8 @@ def mine(
     first, sep, last = ranks.partition("-")
     if not sep or not first.isdigit() or not last.isdigit():
         raise ValueError(f"--ranks {ranks!r} is not of the form first-last, e.g. 10-200")
+    if not 1 <= int(first) <= int(last) <= MAX_RUN_DEPTH:
+        raise ValueError(f"--ranks {ranks}: give 1 <= first <= last <= {MAX_RUN_DEPTH}")
     settings = MiningSettings(
         first_rank=int(first), last_rank=int(last), count=count, margin=margin,
         relative_margin=relative_margin, exclude_identical=not keep_identical, seed=seed,
@@ -178,12 +186,15 @@ def mine(
         progress,  # type: ignore[arg-type]
         domain,
         examples,
+        overwrite,
     )
     Console(stderr=True).print_json(data=report)
 
 
 def score(
-    model: Annotated[str, typer.Argument(help="The teacher: a cross-encoder folder (or hub id).")],
+    model: Annotated[
+        str, typer.Argument(help="The teacher: a cross-encoder folder (or hub id) with its trained head.")
+    ],
     examples: Annotated[Path, typer.Argument(help="Training examples (JSONL), e.g. from `densekit mine`.")],
     data_dir: DataDirArg,
     output: Annotated[
@@ -197,6 +208,7 @@ def score(
     device: DeviceOpt = "auto",
     precision: TorchPrecisionOpt = "float32",
     trust_remote_code: RemoteCodeOpt = False,
+    overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """Add a teacher's scores to training examples: the cross-encoder's score of each query with every
@@ -210,10 +222,10 @@ def score(
 
     target = resolve_device(device)
     autocast(target, precision)  # type: ignore[arg-type]  # refuses fp16 on a CPU before any work
-    teacher = CrossEncoder.load(model, max_length, trust_remote_code).to(target)
+    teacher = CrossEncoder.load(model, max_length, trust_remote_code, require_head=True).to(target)
     score_examples(
         teacher, examples, Dataset.open(data_dir), output, batch_size, chunk, progress,
-        precision=precision,  # type: ignore[arg-type]
+        precision=precision, overwrite=overwrite,  # type: ignore[arg-type]
     )  # fmt: skip
 
 

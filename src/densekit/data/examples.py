@@ -100,11 +100,12 @@ def write_examples(
     examples: Iterable[TrainingExample],
     inputs: Iterable[Path | str] = (),
     identity: dict[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> int:
-    """Write examples atomically, one a line, as a file output (see `densekit.io.outputs`) recording
-    `identity`; returns how many."""
+    """Write examples atomically, one a line, as they come, as a file output (see `densekit.io.outputs`)
+    recording `identity` (one made from another is replaced only with `overwrite`); returns how many."""
     count = 0
-    with output_file(path, EXAMPLES_KIND, identity, inputs=inputs) as handle:
+    with output_file(path, EXAMPLES_KIND, identity, inputs=inputs, overwrite=overwrite) as handle:
         for example in examples:
             handle.write(example.model_dump_json(exclude_none=True) + "\n")
             count += 1

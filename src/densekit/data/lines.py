@@ -52,10 +52,21 @@ def count_lines(path: Path) -> int:
 
 
 def count_nonblank_lines(path: Path) -> int:
-    """Count the lines of `path` holding anything but whitespace, reading it in binary blocks."""
+    """Count the lines of `path` holding anything but whitespace, as the readers skip them (`str.strip`,
+    so a line of only U+00A0 is blank too), reading it in binary."""
     count = 0
     with Path(path).open("rb") as handle:
         for raw in handle:
-            if raw.strip():
-                count += 1
+            count += not _is_blank(raw)
     return count
+
+
+def _is_blank(raw: bytes) -> bool:
+    """Whether a line is only whitespace, Unicode's included; decoded only when it starts with a byte
+    past ASCII (whitespace of ASCII alone is stripped as bytes)."""
+    stripped = raw.strip()
+    if not stripped:
+        return True
+    if stripped[0] < 0x80:  # an ASCII character that is not whitespace
+        return False
+    return not stripped.decode("utf-8", errors="replace").strip()

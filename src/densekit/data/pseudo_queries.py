@@ -17,7 +17,8 @@ Each pseudo-query comes from one document, which is its one positive:
 A document whose pseudo-query would be its whole passage (a title equal to the text, a one-sentence
 text) gives none. The examples are the training format (`densekit.data.examples`), without negatives:
 `densekit mine --examples` adds them. Everything depends only on (seed, document position), so the same
-corpus and settings give the same file.
+corpus and settings give the same file. The examples are written as they are drawn, never held, and a
+document gives at most `MAX_PER_DOCUMENT` queries.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from densekit.data.dataset import Dataset
 from densekit.data.examples import EXAMPLES_KIND, TrainingExample, write_examples
 from densekit.data.records import Document
 from densekit.io.outputs import check_file_output, write_output_text
+from densekit.limits import MAX_PER_DOCUMENT
 
 PseudoQueryMethod = Literal["span", "title", "lead", "keywords"]
 REPORT_KIND = "pseudo-query report"
@@ -55,8 +57,9 @@ class PseudoQuerySettings(BaseModel):
 
     method: PseudoQueryMethod = "span"
     per_document: int = Field(
-        1, ge=1, description="span and keywords: queries per document (title and lead give one)"
-    )
+        1, ge=1, le=MAX_PER_DOCUMENT,
+        description="span and keywords: queries per document (title and lead give one)",
+    )  # fmt: skip
     min_words: int = Field(8, ge=1, description="span and keywords: the shortest query, in words")
     max_words: int = Field(24, ge=1, description="span and keywords: the longest query, in words")
     max_documents: int | None = Field(
@@ -235,24 +238,22 @@ def report_path(output: Path) -> Path:
     return Path(f"{output}.report.json")
 
 
-def write_pseudo_queries(dataset: Dataset, settings: PseudoQuerySettings, output: Path) -> dict:
-    """Write the pseudo-queries of `dataset`'s corpus to `output` atomically, with a report beside it
-    (queries written, documents without one and why); returns the report."""
+def write_pseudo_queries(
+    dataset: Dataset, settings: PseudoQuerySettings, output: Path, overwrite: bool = False
+) -> dict:
+    """Write the pseudo-queries of `dataset`'s corpus to `output` atomically, as they are drawn, with a
+    report beside it (queries written, documents without one and why); returns the report. Files made
+    from other settings or another corpus are replaced only with `overwrite`."""
     inputs = [dataset.root]
-    check_file_output(output, EXAMPLES_KIND, inputs)
-    check_file_output(report_path(output), REPORT_KIND, inputs)
-    report = PseudoQueryReport()
     identity = {"pseudo_queries": settings.model_dump(), "corpus": dataset.corpus_digest()}
+    check_file_output(output, EXAMPLES_KIND, inputs, identity, overwrite)
+    check_file_output(report_path(output), REPORT_KIND, inputs, identity, overwrite)
+    report = PseudoQueryReport()
     statistics = WordStatistics.of(dataset.iter_corpus()) if settings.method == "keywords" else None
     # the statistics' pass counted the documents already
     count = statistics.documents if statistics is not None else dataset.count_documents()
-    examples = list(pseudo_queries(dataset.iter_corpus(), settings, report, count, statistics))
-    if not examples:
-        raise ValueError(
-            f"{dataset.corpus_path}: no document gives a {settings.method!r} pseudo-query "
-            f"({', '.join(f'{n} {why}' for why, n in report.skipped.items())})"
-        )
-    write_examples(output, examples, inputs, identity)
+    examples = pseudo_queries(dataset.iter_corpus(), settings, report, count, statistics)
+    write_examples(output, _some(examples, dataset, settings, report), inputs, identity, overwrite)
     summary = {
         "settings": settings.model_dump(),
         "documents": report.documents,
@@ -260,6 +261,22 @@ def write_pseudo_queries(dataset: Dataset, settings: PseudoQuerySettings, output
         "documents_without_query": report.skipped,
     }
     write_output_text(
-        report_path(output), REPORT_KIND, json.dumps(summary, indent=2) + "\n", identity, inputs
+        report_path(output), REPORT_KIND, json.dumps(summary, indent=2) + "\n", identity, inputs, overwrite
     )
     return summary
+
+
+def _some(
+    examples: Iterator[TrainingExample],
+    dataset: Dataset,
+    settings: PseudoQuerySettings,
+    report: PseudoQueryReport,
+) -> Iterator[TrainingExample]:
+    """`examples` as they come; raises at their end when there was none (inside the atomic write, so
+    nothing is written)."""
+    yield from examples
+    if not report.queries:
+        raise ValueError(
+            f"{dataset.corpus_path}: no document gives a {settings.method!r} pseudo-query "
+            f"({', '.join(f'{n} {why}' for why, n in report.skipped.items())})"
+        )

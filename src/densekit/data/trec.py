@@ -169,12 +169,13 @@ def write_run(
     tag: str = "densekit",
     inputs: Iterable[Path | str] = (),
     identity: dict[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> None:
     """Write a run atomically in TREC's format, best first (ties keep their order), ranks from 1, as a
-    file output (see `densekit.io.outputs`: never over an input or a file densekit did not write),
-    recording `identity` (what made it) when given. A score that is NaN or infinite is an error:
-    `read_run` could not rank it."""
-    with output_file(path, RUN_KIND, identity, inputs=inputs) as handle:
+    file output (see `densekit.io.outputs`: never over an input or a file densekit did not write, nor
+    over one made from another `identity` without `overwrite`), recording `identity` (what made it)
+    when given. A score that is NaN or infinite is an error: `read_run` could not rank it."""
+    with output_file(path, RUN_KIND, identity, inputs=inputs, overwrite=overwrite) as handle:
         for query_id, ranked in run.items():
             _check_id(query_id)
             ordered = sorted(ranked.items(), key=lambda pair: -pair[1])

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from densekit.data.dataset import Dataset
-from densekit.data.lines import count_nonblank_lines, iter_lines
+from densekit.data.lines import iter_lines
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.corpus import embedding_identity
 from densekit.encoding.store import KIND, part_stem
@@ -62,7 +62,7 @@ def import_embeddings(
     header = _checked_header(vectors, encoder)
     rows, dimension = header.shape
     if ids is not None:
-        given = count_nonblank_lines(ids)
+        given = sum(1 for _ in _id_lines(ids))
         if given != rows:
             raise DataError([Problem(ids, None, f"{given} ids for the {rows} rows of {vectors}")])
     documents = dataset.count_documents()
@@ -124,7 +124,7 @@ def _checked_header(vectors: Path, encoder: DenseEncoder) -> NpyHeader:
 def _write_ids(path: Path, dataset: Dataset, ids: Path | None) -> None:
     """Write the corpus's ids, in order, to `path`, checking that `ids` (if given) holds the same."""
     with path.open("w", encoding="utf-8") as out:
-        given = _nonblank(ids) if ids is not None else None
+        given = _id_lines(ids) if ids is not None else None
         for position, document in enumerate(dataset.iter_corpus(), start=1):
             if given is not None:
                 line, text = next(given)
@@ -135,8 +135,13 @@ def _write_ids(path: Path, dataset: Dataset, ids: Path | None) -> None:
             out.write(f"{document.id}\n")
 
 
-def _nonblank(path: Path) -> Iterator[tuple[int, str]]:
-    return ((line, text.strip()) for line, text in iter_lines(path) if text.strip())
+def _id_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """`(line, id)` for each line of an ids file, stripped of whitespace; a line that is blank (or only
+    whitespace, U+00A0 included) is an error naming it, so that counting the ids and reading them agree."""
+    for line, text in iter_lines(path):
+        if not text.strip():
+            raise DataError([Problem(path, line, "blank id: give one document id a line, no blank lines")])
+        yield line, text.strip()
 
 
 def _copy_vectors(source: Path, header: NpyHeader, target: Path, chunk_rows: int, show_progress: bool) -> str:

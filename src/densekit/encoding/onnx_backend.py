@@ -169,7 +169,8 @@ def export_encoder(
     options.intra_op_num_threads = torch.get_num_threads()
     options.inter_op_num_threads = 1
     sessions: dict[str, object] = {}
-    with tempfile.TemporaryDirectory(prefix="densekit-onnx-") as folder:
+    # a copy's forward hooks (adapters') still call the original's modules: both are frozen while traced
+    with tempfile.TemporaryDirectory(prefix="densekit-onnx-") as folder, _frozen(encoder), _frozen(copied):
         for kind in dict.fromkeys(kinds):
             path = _export_kind(copied, kind, Path(folder), precision)
             sessions[kind] = onnxruntime.InferenceSession(
@@ -233,6 +234,20 @@ def _optimise(target: Path, folder: Path, kind: str, precision: str, config: obj
         )  # fmt: skip
         target = quantised
     return target
+
+
+@contextlib.contextmanager
+def _frozen(module: torch.nn.Module) -> Iterator[None]:
+    """`module`'s parameters without gradients while the exporter traces it (it refuses to bake a
+    parameter that needs one as a constant), as they were after."""
+    needed = [(parameter, parameter.requires_grad) for parameter in module.parameters()]
+    for parameter, _ in needed:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter, requires_grad in needed:
+            parameter.requires_grad_(requires_grad)
 
 
 @contextlib.contextmanager

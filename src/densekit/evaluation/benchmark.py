@@ -25,7 +25,7 @@ from densekit.encoding.device import Precision
 from densekit.encoding.onnx_backend import with_inference
 from densekit.encoding.store import EmbeddingStore, part_stem
 from densekit.evaluation.measures import evaluate, parse_measures
-from densekit.index import IndexSpec, SearchIndex, build_index
+from densekit.index import IndexSpec, SearchIndex, build_index, faiss_index
 from densekit.io.artefact import differences, read_manifest, write_folder_manifest
 from densekit.io.outputs import claim_folder, is_current, write_output_text
 from densekit.models.encoder import DenseEncoder
@@ -209,7 +209,8 @@ def benchmark_collection(
     with _stage(stages, "bm25", is_current(bm25_run, RUN_KIND, bm25_identity)) as fresh:
         if fresh:
             index = BM25Index.of_dataset(dataset, bm25_config, show_progress)
-            write_run(bm25_run, index.search(queries, k), "bm25", [dataset.root], bm25_identity)
+            # the benchmark's folder is its own: a stage of other settings is replaced
+            write_run(bm25_run, index.search(queries, k), "bm25", [dataset.root], bm25_identity, True)
 
     given = None
     if given_index is None:
@@ -234,7 +235,7 @@ def benchmark_collection(
             retriever = Retriever(encoder, index, dataset=dataset, route=route)
             ranked = retriever.search_run(queries, k, batch_size, precision, show_progress=show_progress,
                                           domain=domain)  # fmt: skip
-            write_run(dense_run, ranked, "densekit", [dataset.root], dense_identity)
+            write_run(dense_run, ranked, "densekit", [dataset.root], dense_identity, overwrite=True)
 
     scores = {}
     for system, path in ((BM25_NAME, bm25_run), (model_name, dense_run)):
@@ -265,10 +266,7 @@ def _encode_and_index(
             encode_corpus(encoder, dataset, embeddings, batch_size=batch_size, precision=precision,
                           show_progress=show_progress, overwrite=overwrite)  # fmt: skip
     store = EmbeddingStore.open(embeddings)
-    index_identity = {
-        "embeddings": store.identity,
-        "spec": spec.resolved(len(store), store.dimension).model_dump(),
-    }
+    index_identity = faiss_index.index_identity(store, spec.resolved(len(store), store.dimension))
     indexed = read_manifest(index_dir) if index_dir.is_dir() else None
     with _stage(
         stages, "index", indexed is not None and not differences(indexed.identity, index_identity)

@@ -77,9 +77,11 @@ def _mean(values: dict[str, float]) -> float:
     return float(np.mean(list(values.values()))) if values else 0.0
 
 
-def plot_differences(comparisons: list[MeasureComparison], output: Path, record: bool = False) -> Path:
+def plot_differences(
+    comparisons: list[MeasureComparison], output: Path, record: bool = False, identity: dict | None = None
+) -> Path:
     """Per measure (rows) and run against the first (columns), each query's difference as a bar,
-    sorted: wins above zero in green, losses below in red; `record`: see `save_png`."""
+    sorted: wins above zero in green, losses below in red; `record` and `identity`: see `save_png`."""
     plt = pyplot()
 
     rows, columns = len(comparisons), len(comparisons[0].arms)
@@ -101,4 +103,4 @@ def plot_differences(comparisons: list[MeasureComparison], output: Path, record:
             )
             axis.set_xlabel("queries, sorted by difference")
             axis.set_xlim(-0.5, len(diffs) - 0.5)
-    return save_png(figure, output, record)
+    return save_png(figure, output, record, identity)

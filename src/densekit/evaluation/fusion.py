@@ -13,16 +13,23 @@ from densekit.data.records import Run
 Normalisation = Literal["minmax", "zscore"]
 
 
+def check_weights(weights: Sequence[float] | None, runs: int, label: str | None = None) -> None:
+    """Refuse weights that are not one per run, each finite and zero or more, at least one above 0 (all
+    zero would score every document 0); the error starts with `label` (default: the weights)."""
+    if weights is None:
+        return
+    label = label or f"weights {list(weights)}"
+    if len(weights) != runs:
+        raise ValueError(f"{label}: {len(weights)} weights for {runs} runs; give one weight per run")
+    if any(not np.isfinite(w) or w < 0 for w in weights) or not any(w > 0 for w in weights):
+        raise ValueError(f"{label}: each must be a finite number, zero or more, and at least one above 0")
+
+
 def _weights(runs: Sequence[Run], weights: Sequence[float] | None) -> list[float]:
     if len(runs) < 2:
         raise ValueError("fusion needs at least two runs")
-    if weights is None:
-        return [1.0] * len(runs)
-    if len(weights) != len(runs):
-        raise ValueError(f"{len(weights)} weights for {len(runs)} runs: give one weight per run")
-    if any(not np.isfinite(w) or w < 0 for w in weights):
-        raise ValueError(f"weights {list(weights)}: each must be a finite number, zero or more")
-    return list(weights)
+    check_weights(weights, len(runs))
+    return [1.0] * len(runs) if weights is None else list(weights)
 
 
 def _top(scores: dict[str, float], depth: int) -> dict[str, float]:

@@ -60,8 +60,9 @@ def _weights(route: Route, texts: list[str], domain: str | None, batch_size: int
     return np.concatenate(out)
 
 
-def plot_usage(report: dict, output: Path | str) -> Path:
-    """A heat map: collections by modules, each cell the modules' mean weight on that collection."""
+def plot_usage(report: dict, output: Path | str, identity: dict | None = None) -> Path:
+    """A heat map: collections by modules, each cell the modules' mean weight on that collection; the
+    file records `identity` (what made it)."""
     plt = pyplot()
     names, modules = list(report["collections"]), report["modules"]
     values = np.array([[report["collections"][n]["mean_weight"][m] for m in modules] for n in names])
@@ -75,4 +76,4 @@ def plot_usage(report: dict, output: Path | str) -> Path:
                       color="white" if values[i, j] < 0.6 else "black")  # fmt: skip
     figure.colorbar(image, ax=axis, label="mean routing weight")
     axis.set_title(f"{report['route']} route: module weight per collection")
-    return save_png(figure, output, record=True)
+    return save_png(figure, output, record=True, identity=identity)

@@ -10,8 +10,11 @@ from scipy import stats
 
 from densekit.data.records import Qrels, Run
 from densekit.evaluation.measures import evaluate_per_query
+from densekit.limits import DEFAULT_TRIALS, MAX_TRIALS
 
-DEFAULT_TRIALS = 100_000
+# The sign flips drawn at once are at most this many values (8 bytes each, 32 MiB); scipy draws them
+# all at once otherwise, trials x queries values. In batches, the p-value is the same.
+_BATCH_VALUES = 1 << 22
 
 
 def per_query(qrels: Qrels, run: Run, measure: str) -> dict[str, float]:
@@ -38,7 +41,10 @@ def paired_test(
 ) -> PairedTest:
     """The paired t-test and the paired randomisation (sign-flip) test of `arm` against `control` over
     the control's queries (a query missing from `arm` counts as 0), both two-sided. The randomisation
-    test is exact when `trials` reaches the 2^n sign patterns of n queries."""
+    test is exact when `trials` reaches the 2^n sign patterns of n queries; `trials` is 1 to
+    `MAX_TRIALS`."""
+    if not 1 <= trials <= MAX_TRIALS:
+        raise ValueError(f"trials {trials}: from 1 to {MAX_TRIALS}")
     diffs = np.array([arm.get(q, 0.0) - control[q] for q in sorted(control)], dtype=np.float64)
     return PairedTest(
         queries=len(diffs),
@@ -64,6 +70,7 @@ def _randomisation_test(diffs: np.ndarray, trials: int, seed: int) -> float:
         np.mean,
         permutation_type="samples",  # one sample: each query's difference keeps or flips its sign
         n_resamples=trials,
+        batch=max(1, _BATCH_VALUES // len(diffs)),
         vectorized=True,
         axis=-1,
         alternative="two-sided",

@@ -2,12 +2,15 @@
 
 An index folder holds `index.faiss`, `ids.txt` (row i's document id), `index.json` (the spec, rows,
 dimension and MaxP settings) and densekit's manifest: the identity of the embeddings it was built
-from (model weights and settings, corpus digest) and a checksum of each file, checked on load.
+from (model weights and settings, corpus digest) and of its ids (their digest, in row order), and a
+checksum of each file, checked on load. The ids are checked against the identity too, so that ids
+reordered under a recomputed checksum are refused rather than given to other rows.
 Folders are written atomically and only ever replace an index folder densekit made.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -25,7 +28,7 @@ from densekit.diagnostics import DataError, Problem
 from densekit.encoding.passages import MaxPSettings, best_passage_run
 from densekit.encoding.store import EmbeddingStore
 from densekit.index.memory import check_fits
-from densekit.index.spec import IndexSpec, SpecError
+from densekit.index.spec import MAX_TRAINING_POINTS, IndexSpec, SpecError
 from densekit.io.artefact import artefact_dir, check_artefact_dir, read_manifest, verify
 from densekit.io.fingerprint import write_digested
 from densekit.io.outputs import check_not_input
@@ -38,7 +41,7 @@ IDS_FILE = "ids.txt"
 META_FILE = "index.json"
 KIND = "index"
 _ADD_BATCH = 65536
-_MAX_TRAINING_POINTS = 256 * 1024
+_MAX_TRAINING_POINTS = MAX_TRAINING_POINTS
 _WRITE_BLOCK = 4 << 20
 
 
@@ -101,17 +104,48 @@ def build_index(
     if flat_rows is not None:
         index.ntotal = rows
     meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp}
-    identity = {"embeddings": store.identity, "spec": spec.model_dump()}
+    identity = index_identity(store, spec)
     about = {**store.about, "embeddings": str(store.folder)}
     digests: dict[str, str] = {}
     with artefact_dir(output, KIND, identity, about, digests) as tmp:
         digests[INDEX_FILE] = _write_index(index, tmp / INDEX_FILE)
-        with (tmp / IDS_FILE).open("wb") as ids:  # each part's ids end in a newline
-            for part in store.parts:
-                with part.stem.with_suffix(".ids").open("rb") as source:
-                    shutil.copyfileobj(source, ids)
+        write_ids(store, tmp / IDS_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return Path(output)
+
+
+def index_identity(store: EmbeddingStore, spec: IndexSpec) -> dict[str, Any]:
+    """What an index of `store` by a resolved `spec` records of what made it: the embeddings, the
+    spec and the digest of its ids in row order (`IDS_FILE`'s bytes)."""
+    digest = hashlib.sha256()
+    for part in store.parts:
+        with part.stem.with_suffix(".ids").open("rb") as source:
+            while block := source.read(_WRITE_BLOCK):
+                digest.update(block)
+    return {"embeddings": store.identity, "spec": spec.model_dump(), "ids": f"sha256:{digest.hexdigest()}"}
+
+
+def write_ids(store: EmbeddingStore, path: Path) -> None:
+    """Write `IDS_FILE`: every part's ids, in order (each part's end in a newline)."""
+    with path.open("wb") as ids:
+        for part in store.parts:
+            with part.stem.with_suffix(".ids").open("rb") as source:
+                shutil.copyfileobj(source, ids)
+
+
+def read_ids(folder: Path, identity: dict[str, Any]) -> list[str]:
+    """An index folder's ids, refused when they are not those it was built with (an index made before
+    its identity held their digest has only its checksum, which `verify` checked)."""
+    raw = (folder / IDS_FILE).read_bytes()
+    expected = identity.get("ids")
+    if expected is not None and f"sha256:{hashlib.sha256(raw).hexdigest()}" != expected:
+        reason = ("not the ids the index was built with (their digest differs from its identity's): rows "
+                  "would be given other documents' ids; build the index again")  # fmt: skip
+        raise DataError([Problem(folder / IDS_FILE, None, reason)])
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise DataError([Problem(folder / IDS_FILE, None, "not UTF-8 text")]) from None
 
 
 def _empty_index(spec: IndexSpec, dimension: int, training_sample: Callable[[], np.ndarray]) -> faiss.Index:
@@ -240,12 +274,12 @@ class SearchIndex:
             raise DataError([Problem(folder, None, f"not an index folder of densekit's ({what})")])
         verify(folder, manifest)
         meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+        ids = read_ids(folder, manifest.identity)
         if meta.get("backend") == "milvus":
             from densekit.index.milvus_index import MilvusSearchIndex
 
             if gpu:
                 raise ValueError(f"{folder} is a Milvus index: Milvus searches it, not faiss on a GPU")
-            ids = (folder / IDS_FILE).read_text(encoding="utf-8").splitlines()
             return MilvusSearchIndex(meta, ids, folder, manifest.identity)
         if mmap and gpu:
             raise ValueError("a memory-mapped index is searched on the CPU: ask for a GPU or mmap, not both")
@@ -257,7 +291,6 @@ class SearchIndex:
         except RuntimeError as err:
             problem = Problem(folder / INDEX_FILE, None, f"faiss cannot read it: {_faiss_reason(err)}")
             raise DataError([problem]) from None
-        ids = (folder / IDS_FILE).read_text(encoding="utf-8").splitlines()
         if len(ids) != index.ntotal:
             raise DataError([Problem(folder / IDS_FILE, None, f"{len(ids)} ids for {index.ntotal} vectors")])
         if gpu:

@@ -68,16 +68,48 @@ def gib(count: int) -> str:
     return f"{count / 2**30:.2f} GiB"
 
 
+def amount(count: int) -> str:
+    """Bytes for people: in GiB, or in MiB or KiB below a GiB."""
+    units = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+    unit, size = next(((u, s) for u, s in units if count >= s), units[-1])
+    return f"{count / size:.2f} {unit}"
+
+
+def largest_part(spec: IndexSpec, rows: int, dimension: int) -> tuple[str, str]:
+    """What makes a resolved `spec`'s index large, naming the option behind it, and what to choose
+    instead."""
+    vectors = rows * dimension * _FLOAT
+    if spec.type == "flat":
+        return f"it holds every vector whole ({amount(vectors)})", "choose ivfpq"
+    if spec.type == "hnsw":
+        graph = index_bytes(spec, rows, dimension) - vectors
+        if graph > vectors:
+            culprit = f"--hnsw-m {spec.hnsw_m} makes its graph {amount(graph)}"
+            return culprit, "choose a smaller --hnsw-m or ivfpq"
+        return f"it holds every vector whole ({amount(vectors)}) beside its graph", "choose ivfpq"
+    assert spec.nlist is not None and spec.pq_m is not None and spec.pq_bits is not None, "spec not resolved"
+    parts = [
+        (rows * (math.ceil(spec.pq_m * spec.pq_bits / 8) + _ID),
+         f"--pq-m {spec.pq_m} x --pq-bits {spec.pq_bits} make its codes", "a smaller --pq-m"),
+        (spec.nlist * dimension * _FLOAT, f"--nlist {spec.nlist} makes its coarse centroids",
+         "a smaller --nlist"),
+        (2**spec.pq_bits * dimension * _FLOAT, f"--pq-bits {spec.pq_bits} makes its PQ centroids",
+         "a smaller --pq-bits"),
+    ]  # fmt: skip
+    size, culprit, smaller = max(parts, key=lambda part: part[0])
+    return f"{culprit} {amount(size)}", f"choose {smaller}"
+
+
 def check_fits(spec: IndexSpec, rows: int, dimension: int, add_batch: int, training_rows: int) -> int:
     """Raise `IndexTooLarge` when building a resolved `spec` over `rows` vectors needs more memory than is
-    available; returns the bytes it needs."""
+    available, naming the option that makes it large; returns the bytes it needs."""
     needed = build_bytes(spec, rows, dimension, add_batch, training_rows)
     available, source = available_memory()
     if needed > available:
-        smaller = "a smaller --pq-m" if spec.type == "ivfpq" else "ivfpq"
+        culprit, advice = largest_part(spec, rows, dimension)
         raise IndexTooLarge(
             f"a {spec.type} index of {rows} x {dimension} vectors needs about {needed} bytes ({gib(needed)}) "
-            f"to build; {available} bytes ({gib(available)}) are available ({source}): choose {smaller}, "
+            f"to build; {available} bytes ({gib(available)}) are available ({source}): {culprit}; {advice}, "
             "free memory, or pass --no-memory-check to build it anyway"
         )
     return needed

@@ -11,6 +11,14 @@ IndexType = Literal["flat", "hnsw", "ivfpq"]
 
 # Faiss's k-means wants at least this many training points per centroid.
 MIN_POINTS_PER_CENTROID = 39
+# The most vectors an index trains on (a uniform sample of them); IVF cannot have more lists.
+MAX_TRAINING_POINTS = 256 * 1024
+# HNSW: faiss builds no graph levels with M = 1 (and crashes adding to it); past 1024 neighbours a node
+# the graph outweighs the vectors it links (8 KiB a vector), and a flat index searches them exactly.
+MAX_HNSW_M = 1024
+# Faiss keeps a candidate list of ef entries per search or insertion, as a 32-bit int (a larger value
+# wraps to a negative one); 65536 already visits more nodes than any recall needs.
+MAX_EF = 65536
 # The fewest vectors IVF-PQ trains on: its product quantisers' codes of one bit need two centroids.
 MIN_IVFPQ_ROWS = 2 * MIN_POINTS_PER_CENTROID
 
@@ -39,12 +47,16 @@ class IndexSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: IndexType = "flat"
-    hnsw_m: int = Field(32, gt=0, description="HNSW: neighbours per node")
-    ef_construction: int = Field(200, gt=0, description="HNSW: candidate list size while building")
-    ef_search: int = Field(256, gt=0, description="HNSW: candidate list size while searching")
-    nlist: int | None = Field(None, gt=0, description="IVF: inverted lists (default 4·sqrt(n), capped)")
-    nprobe: int = Field(32, gt=0, description="IVF: lists visited per query")
-    pq_m: int | None = Field(None, gt=0, description="PQ: sub-quantisers (default dimension/4)")
+    hnsw_m: int = Field(32, ge=2, le=MAX_HNSW_M, description="HNSW: neighbours per node")
+    ef_construction: int = Field(200, gt=0, le=MAX_EF, description="HNSW: candidate list size while building")
+    ef_search: int = Field(256, gt=0, le=MAX_EF, description="HNSW: candidate list size while searching")
+    nlist: int | None = Field(
+        None, gt=0, le=MAX_TRAINING_POINTS, description="IVF: inverted lists (default 4·sqrt(n), capped)"
+    )
+    nprobe: int = Field(
+        32, gt=0, le=MAX_TRAINING_POINTS, description="IVF: lists visited per query (at most nlist are)"
+    )
+    pq_m: int | None = Field(None, gt=0, le=65536, description="PQ: sub-quantisers (default dimension/4)")
     pq_bits: int | None = Field(
         None, ge=1, le=16, description="PQ: bits per code (default 8, fewer for small corpora)"
     )
@@ -78,8 +90,10 @@ class IndexSpec(BaseModel):
                 f"({MIN_POINTS_PER_CENTROID} per centroid), not {rows}; use flat for so few"
             )  # fmt: skip
         nlist = self.nlist or max(1, min(int(4 * math.sqrt(rows)), rows // MIN_POINTS_PER_CENTROID))
-        if nlist > rows:
-            raise SpecError("nlist", nlist, f"more inverted lists than the {rows} vectors to train them on")
+        trained = min(rows, MAX_TRAINING_POINTS)
+        if nlist > trained:
+            reason = f"more inverted lists than the {trained} vectors to train them on"
+            raise SpecError("nlist", nlist, reason)
         pq_m = self.pq_m or _largest_divisor_at_most(dimension, max(1, dimension // 4))
         if dimension % pq_m:
             raise SpecError("pq_m", pq_m, f"sub-quantisers must divide the dimension {dimension}")

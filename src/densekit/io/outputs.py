@@ -2,9 +2,14 @@
 
 - Inputs are never outputs: an output may not be one of the command's inputs, nor a folder holding
   one, nor an existing file inside an input folder.
+- Nothing is written into a collection folder (one holding a corpus or queries file) under a name the
+  collection reads as its own (`corpus.jsonl`, `queries.jsonl`, `queries.<split>.tsv`, `qrels.<split>.tsv`
+  ...), nor into its `qrels` folder (every file there is a split), whether or not it is an input.
 - A file output (a run, mined examples, scores) is written only where there is nothing yet or a file
   densekit wrote there of the same kind and not changed since; such a file is made whole each time,
-  so nothing stale survives in it.
+  so nothing stale survives in it. A file densekit made by another command or from other settings or
+  inputs (its manifest's identity differs) is replaced only with `overwrite`; the same command with the
+  same settings may write it again.
 - A folder output (embeddings, a training run, a recipe run) is written only where there is nothing,
   an empty folder, or a folder densekit made of the same kind. If that folder holds another run (other
   model, settings or input data), it is refused, naming what differs, unless `overwrite` is given;
@@ -31,6 +36,11 @@ from densekit.io.artefact import (
 from densekit.io.atomic import TEMPORARY, atomic_file
 
 FolderState = Literal["new", "matching"]
+# The files that make a folder a collection (`densekit.data.dataset`), the names it reads as its own,
+# and the folder of its judgements.
+COLLECTION_FILES = ("corpus.jsonl", "queries.jsonl", "collection.tsv", "queries.tsv")
+COLLECTION_NAMES = (*COLLECTION_FILES, "queries.*.tsv", "qrels.*.tsv")
+QRELS_FOLDER = "qrels"
 
 
 class OutputError(ValueError):
@@ -59,10 +69,45 @@ def check_not_input(output: Path | str, inputs: Iterable[Path | str]) -> None:
             )
 
 
-def check_file_output(path: Path | str, kind: str, inputs: Iterable[Path | str] = ()) -> Path:
-    """Check, before the work, that a `kind` file may be written at `path`; returns it."""
+def is_collection(folder: Path) -> bool:
+    """True when `folder` holds a collection's corpus or queries (a file or a link to one)."""
+    return any((folder / name).exists() or (folder / name).is_symlink() for name in COLLECTION_FILES)
+
+
+def check_not_in_collection(output: Path | str) -> None:
+    """Refuse an output inside a collection folder under a name the collection reads as its own, or
+    inside its `qrels` folder."""
+    target = _resolved(output)
+    parent = target.parent
+    if parent.name == QRELS_FOLDER and is_collection(parent.parent):
+        folder, what = parent.parent, f"every file in {parent} is one of its splits' judgements"
+    elif is_collection(parent) and any(fnmatch.fnmatchcase(target.name, p) for p in COLLECTION_NAMES):
+        folder, what = parent, f"{target.name} is one of its own files"
+    else:
+        return
+    raise OutputError(f"{output}: {folder} is a collection folder and {what}; write the output elsewhere")
+
+
+def command_identity(command: str, settings: dict[str, Any], inputs: Iterable[Path | str | None]) -> dict:
+    """The identity a command's file output records: the command, its settings, and where its inputs
+    are (a path made absolute, a hub id as given)."""
+    where = [str(_resolved(p)) if Path(p).exists() else str(p) for p in inputs if p is not None]
+    return {"command": command, "settings": settings, "inputs": where}
+
+
+def check_file_output(
+    path: Path | str,
+    kind: str,
+    inputs: Iterable[Path | str] = (),
+    identity: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Check, before the work, that a `kind` file made from `identity` may be written at `path`; returns
+    it. A file densekit made from another identity is replaced only with `overwrite`; without an
+    `identity` (a writer inside a folder it owns) any file of the kind is."""
     path = Path(path)
     check_not_input(path, inputs)
+    check_not_in_collection(path)
     if path.is_dir():
         raise OutputError(f"{path} is a folder; give a file path for the output")
     for parent in path.parents:
@@ -79,6 +124,12 @@ def check_file_output(path: Path | str, kind: str, inputs: Iterable[Path | str] 
             )
         if manifest.kind != kind:
             raise OutputError(f"{path} holds {manifest.kind}, not {kind}; choose another output")
+        changed = differences(manifest.identity, identity) if identity is not None else []
+        if changed and not overwrite:
+            raise OutputError(
+                f"{path} holds {kind} made by another command or settings (differs in: "
+                f"{', '.join(changed)}); pass --overwrite to replace it, or choose another output"
+            )
     return path
 
 
@@ -90,19 +141,26 @@ def output_file(
     inputs: Iterable[Path | str] = (),
     about: dict | None = None,
     mode: str = "w",
+    overwrite: bool = False,
 ) -> Iterator[IO]:
-    """Write a `kind` file output atomically and record that densekit wrote it."""
-    path = check_file_output(path, kind, inputs)
+    """Write a `kind` file output atomically and record that densekit wrote it, from `identity` (see
+    `check_file_output` for what it may replace)."""
+    path = check_file_output(path, kind, inputs, identity, overwrite)
     with atomic_file(path, mode, None if "b" in mode else "utf-8") as handle:
         yield handle
     write_file_manifest(path, kind, identity or {}, about)
 
 
 def write_output_text(
-    path: Path | str, kind: str, text: str, identity: dict | None = None, inputs: Iterable = ()
+    path: Path | str,
+    kind: str,
+    text: str,
+    identity: dict | None = None,
+    inputs: Iterable = (),
+    overwrite: bool = False,
 ) -> None:
     """Write text as a `kind` file output (see `output_file`)."""
-    with output_file(path, kind, identity, inputs) as handle:
+    with output_file(path, kind, identity, inputs, overwrite=overwrite) as handle:
         handle.write(text)
 
 
@@ -126,6 +184,7 @@ def claim_folder(
     `overwrite`). `owned` holds patterns of the entries a `kind` folder holds, removed by `overwrite`."""
     path = Path(path)
     check_not_input(path, inputs)
+    check_not_in_collection(path)
     if path.exists() and not path.is_dir():
         raise OutputError(f"{path} is a file; give a folder for the output")
     if not path.exists() or is_empty(path):
@@ -147,6 +206,32 @@ def claim_folder(
         )
     clear_folder(path, owned)
     return "new"
+
+
+def check_artefact_output(
+    path: Path | str,
+    kind: str,
+    identity: dict[str, Any],
+    inputs: Iterable[Path | str] = (),
+    overwrite: bool = False,
+) -> None:
+    """Check, before it is written, that a `kind` folder written whole (`artefact_dir`, which replaces a
+    folder of its kind in one step) may take `path`: new or empty, a `kind` folder densekit made from
+    this `identity`, or from another one with `overwrite`; nothing else."""
+    path = Path(path)
+    check_not_input(path, inputs)
+    check_not_in_collection(path)
+    if not path.exists() or (path.is_dir() and not path.is_symlink() and is_empty(path)):
+        return
+    manifest = read_manifest(path) if path.is_dir() and not path.is_symlink() else None
+    if manifest is None or manifest.kind != kind:
+        raise OutputError(f"{path} is not a {kind} folder densekit made; it is left as it is: choose another")
+    changed = differences(manifest.identity, identity)
+    if changed and not overwrite:
+        raise OutputError(
+            f"{path} holds a {kind} made from other inputs or settings (differs in: {', '.join(changed)}); "
+            "pass --overwrite to replace it, or choose another folder"
+        )
 
 
 def is_empty(folder: Path) -> bool:

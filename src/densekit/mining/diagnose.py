@@ -114,9 +114,11 @@ def _score(stored: faiss.Index, rows: list[int], query: np.ndarray) -> float:
     return float((vectors @ query).max())
 
 
-def plot_negatives(reports: list[NegativesReport], output: Path, record: bool = False) -> Path:
+def plot_negatives(
+    reports: list[NegativesReport], output: Path, record: bool = False, identity: dict | None = None
+) -> Path:
     """The share in the dense top k and the mean margin, one point per examples file, in order;
-    `record`: see `save_png`."""
+    `record` and `identity`: see `save_png`."""
     plt = pyplot()
 
     figure, (share_axis, margin_axis) = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -131,7 +133,7 @@ def plot_negatives(reports: list[NegativesReport], output: Path, record: bool = 
         axis.set_xticks(x, labels, rotation=25, ha="right", fontsize=8)
         axis.grid(alpha=0.3)
     figure.suptitle("training negatives against the model's own dense ranking", fontsize=10)
-    return save_png(figure, output, record)
+    return save_png(figure, output, record, identity)
 
 
 def _plot_label(name: str) -> str:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from densekit.data.examples import TrainingExample
 from densekit.data.records import Run
+from densekit.limits import MAX_RUN_DEPTH
 
 
 class MiningSettings(BaseModel):
@@ -17,8 +18,8 @@ class MiningSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    first_rank: int = Field(10, ge=1, description="best rank (1-based) a negative may have")
-    last_rank: int = Field(200, ge=1, description="worst rank a negative may have")
+    first_rank: int = Field(10, ge=1, le=MAX_RUN_DEPTH, description="best rank (1-based) a negative may have")
+    last_rank: int = Field(200, ge=1, le=MAX_RUN_DEPTH, description="worst rank a negative may have")
     count: int = Field(30, ge=1, description="negatives sampled per query")
     margin: float | None = Field(None, description="drop candidates scoring above (positive score - margin)")
     relative_margin: float | None = Field(

@@ -23,7 +23,7 @@ from densekit.data.examples import (
 from densekit.data.records import Run
 from densekit.encoding.embed import embed_texts
 from densekit.index import SearchIndex
-from densekit.io.outputs import check_file_output, write_output_text
+from densekit.io.outputs import check_file_output, command_identity, write_output_text
 from densekit.mining.filters import MiningSettings, choose_negatives
 from densekit.models.encoder import DenseEncoder
 from densekit.progress import progress_bar
@@ -42,9 +42,12 @@ def report_path(output: Path) -> Path:
     return Path(f"{output}.report.json")
 
 
-def write_report(output: Path, report: dict, inputs: list) -> None:
-    """Write the mining report beside the training file."""
-    write_output_text(report_path(output), REPORT_KIND, json.dumps(report, indent=2) + "\n", inputs=inputs)
+def write_report(
+    output: Path, report: dict, inputs: list, identity: dict | None = None, overwrite: bool = False
+) -> None:
+    """Write the mining report beside the training file, recording `identity` (what made both)."""
+    write_output_text(report_path(output), REPORT_KIND, json.dumps(report, indent=2) + "\n", identity, inputs,
+                      overwrite)  # fmt: skip
 
 
 def bm25_candidates(
@@ -128,27 +131,37 @@ def mine(
     show_progress: bool = True,
     domain: str | None = None,
     examples_file: Path | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Write examples for `split` (or for the queries and positives of `examples_file`, whose negatives
     are replaced) to `output` atomically, with a report beside it; returns the report. Every example
-    carries `domain` when given.
+    carries `domain` when given. Files mined with other settings or inputs are replaced only with
+    `overwrite`.
 
     A saved index (`index_dir`) must have been built by `encoder` from this collection's corpus.
     """
     inputs = [dataset.root, *(p for p in (index_dir, examples_file) if p is not None)]
     if encoder is not None:
         inputs.append(encoder.source)
-    check_file_output(output, EXAMPLES_KIND, inputs)
-    check_file_output(report_path(output), REPORT_KIND, inputs)
+    chosen = {
+        "split": None if examples_file is not None else split,
+        "source": source,
+        "mining": settings.model_dump(mode="json"),
+        "min_relevance": min_relevance,
+        "domain": domain,
+    }
+    identity = command_identity("mine", chosen, inputs)
+    check_file_output(output, EXAMPLES_KIND, inputs, identity, overwrite)
+    check_file_output(report_path(output), REPORT_KIND, inputs, identity, overwrite)
     if examples_file is not None:
         examples = _examples_to_mine(dataset, examples_file, domain)
     else:
         queries, qrels = dataset.split_queries(split)
         examples = examples_from_qrels(queries, qrels, min_relevance, domain)
     if source == "none":
-        write_examples(output, examples, inputs)
+        write_examples(output, examples, inputs, identity, overwrite)
         report = {"source": "none", "queries": len(examples), "negatives_written": 0}
-        write_report(output, report, inputs)
+        write_report(output, report, inputs, identity, overwrite)
         return report
     depth = settings.last_rank
     without_terms: list[str] = []
@@ -174,9 +187,9 @@ def mine(
         raise ValueError(f"unknown source {source!r}: expected bm25, dense or none")
     mined, tally = choose_negatives(examples, ranked, positive_scores, texts, settings)
     tally.without_terms = without_terms
-    write_examples(output, mined, inputs)
+    write_examples(output, mined, inputs, identity, overwrite)
     report = tally.as_dict(settings, source)
-    write_report(output, report, inputs)
+    write_report(output, report, inputs, identity, overwrite)
     return report
 
 

@@ -77,11 +77,13 @@ def score_examples(
     show_progress: bool = True,
     on_chunk: Callable[[int], None] | None = None,
     precision: Precision = "float32",
+    overwrite: bool = False,
 ) -> int:
     """Write `examples_path`'s examples to `output` with `teacher_scores` holding the cross-encoder's
     score of the query with each positive and negative (scores the input had are replaced); returns
     the number of pairs scored by this call, at `precision`. `on_chunk(i)` is called after chunk `i`
-    is saved."""
+    is saved. A file scored by another teacher or from other examples is replaced only with
+    `overwrite`."""
     examples_path, output = Path(examples_path), Path(output)
     check_file_output(output, EXAMPLES_KIND, [examples_path, dataset.root])
     diagnostics = Diagnostics()
@@ -101,6 +103,7 @@ def score_examples(
         "chunk_examples": chunk_examples,
         "precision": precision,
     }
+    check_file_output(output, EXAMPLES_KIND, [examples_path, dataset.root], identity, overwrite)
     work = work_file(output)
     chunks = _finished_chunks(work, identity)
     if not chunks:
@@ -133,6 +136,7 @@ def score_examples(
         (e.model_copy(update={"teacher_scores": s}) for e, s in zip(examples, scores, strict=True)),
         [examples_path, dataset.root],
         identity,
+        overwrite,
     )
     work.unlink()
     return scored

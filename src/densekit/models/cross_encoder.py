@@ -15,16 +15,25 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
+from densekit.diagnostics import DataError, Problem
 from densekit.encoding.device import Precision, autocast
 from densekit.io.artefact import artefact_dir
 from densekit.models.fingerprint import weights_fingerprint
 from densekit.models.hub import resolve_model_path
+from densekit.models.loading import check_artefact_kind, check_vocabulary, load_pretrained, load_tokenizer
 
 log = logging.getLogger("densekit")
 
 KIND = "cross-encoder"
+_WANTED = "a cross-encoder folder"
+_HINTS = {
+    "module": "a module adapts a dense encoder (give it to encode or search); rerank and score take a "
+    "cross-encoder, which densekit train-cross-encoder makes",
+    "route": "a route chooses among dense modules (give it to search); rerank and score take a "
+    "cross-encoder, which densekit train-cross-encoder makes",
+}
 
 
 class CrossEncoder(torch.nn.Module):
@@ -43,15 +52,31 @@ class CrossEncoder(torch.nn.Module):
 
     @classmethod
     def load(
-        cls, path: str | Path, max_length: int | None = None, trust_remote_code: bool = False
+        cls,
+        path: str | Path,
+        max_length: int | None = None,
+        trust_remote_code: bool = False,
+        require_head: bool = False,
     ) -> CrossEncoder:
         """A cross-encoder from a folder (or hub id): a sequence-classification model with one label,
-        or an encoder, which gets a new one-label head (logged)."""
+        or an encoder, which gets a new one-label head, initialised at random (logged), to be trained.
+        With `require_head` (scoring: rerank, score) a folder without a trained head is refused: its
+        scores would change from one load to the next."""
         folder = resolve_model_path(str(path))
-        model = AutoModelForSequenceClassification.from_pretrained(
-            folder, num_labels=1, trust_remote_code=trust_remote_code
+        check_artefact_kind(folder, _WANTED, _HINTS)
+        model, report = load_pretrained(
+            AutoModelForSequenceClassification, folder, trust_remote_code, num_labels=1
         )
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        if report.missing:
+            if require_head:
+                raise DataError([Problem(Path(folder), None, (
+                    f"no trained cross-encoder head (the checkpoint lacks {', '.join(report.missing[:3])}): "
+                    "an encoder would get a random head, whose scores change from run to run; give a "
+                    "cross-encoder folder (densekit train-cross-encoder makes one)"
+                ))])  # fmt: skip
+            log.info("%s: new, untrained weights %s", path, ", ".join(report.missing))
+        tokenizer = load_tokenizer(folder, trust_remote_code)
+        check_vocabulary(tokenizer, model, folder)
         limit = max_length or min(512, int(getattr(model.config, "max_position_embeddings", 512)))
         return cls(model, tokenizer, limit, str(path))
 

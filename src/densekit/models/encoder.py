@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 
+from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import artefact_dir
 from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
 from densekit.models.fingerprint import tensors_fingerprint, weights_fingerprint
 from densekit.models.hub import locate_model
-from densekit.models.loading import load_pretrained
+from densekit.models.loading import (
+    check_artefact_kind,
+    check_vocabulary,
+    load_pretrained,
+    load_tokenizer,
+    validated_file,
+)
 from densekit.models.modules.module import EncoderModule, ModuleError, is_module_folder, read_module_file
 from densekit.models.pooling import pool, without_prompt
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
@@ -36,7 +42,15 @@ def _load_backbone(path: str | Path, trust_remote_code: bool) -> PreTrainedModel
     missing = [name for name in report.missing if not name.startswith("pooler.")]
     if missing:
         log.warning("%s lacks weights; they start from random values: %s", path, ", ".join(missing))
+    check_finite(model, path)
     return model
+
+
+def check_finite(model: torch.nn.Module, source: str | Path) -> None:
+    """Refuse a model any of whose weights holds NaN or an infinity: every vector it made would."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise DataError([Problem(Path(source), None, f"weight {name!r} holds NaN or infinite values")])
 
 
 class DenseEncoder(torch.nn.Module):
@@ -89,9 +103,13 @@ class DenseEncoder(torch.nn.Module):
                     f"{name_or_path} is a module folder: give it alone, or its base as the model and the "
                     "module with --module"
                 )
-            module, name_or_path = name_or_path, read_module_file(name_or_path)["base"]["source"]
+            module, name_or_path = name_or_path, read_module_file(name_or_path).base.source
         if module is not None:
-            settings = read_module_file(module)["settings"]
+            if not is_module_folder(module):
+                check_artefact_kind(module, "a module folder")
+                raise DataError([Problem(Path(module), None, "not a module folder: it has no "
+                                                             "densekit-module.json")])  # fmt: skip
+            settings = read_module_file(module).settings.model_dump(exclude_unset=True)
             overrides = {**settings, **{k: v for k, v in overrides.items() if v is not None}}
         encoder = cls._load_base(name_or_path, trust_remote_code, overrides)
         if module is not None:
@@ -104,10 +122,11 @@ class DenseEncoder(torch.nn.Module):
     ) -> DenseEncoder:
         path = locate_model(name_or_path)
         local = Path(path)
+        check_artefact_kind(local, "a model folder")
         fields: dict[str, Any] = {}
         backbone_path: str | Path = path
         if (local / CONFIG_FILE).is_file():
-            fields = json.loads((local / CONFIG_FILE).read_text(encoding="utf-8"))
+            fields = validated_file(local / CONFIG_FILE, EncoderConfig).model_dump(exclude_unset=True)
         elif is_st_folder(local):
             backbone_path, fields = read_st_folder(local)
         fields.update({k: v for k, v in overrides.items() if v is not None})
@@ -118,7 +137,8 @@ class DenseEncoder(torch.nn.Module):
         else:
             backbone = _load_backbone(local / QUERY_TOWER, trust_remote_code)
             passage = _load_backbone(local / PASSAGE_TOWER, trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(backbone_path, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(backbone_path, trust_remote_code)
+        check_vocabulary(tokenizer, backbone, backbone_path)
         return cls(backbone, tokenizer, config, passage, source=str(name_or_path))
 
     def base_fingerprint(self) -> str:
@@ -176,10 +196,17 @@ class DenseEncoder(torch.nn.Module):
 
     def load_module(self, folder: str | Path) -> EncoderModule:
         """Put the module saved in `folder` on the backbones and activate it; refused when it was
-        trained on other base weights."""
+        trained on other base weights, or when a module of its name with other weights is on them."""
         module = EncoderModule.load(
             folder, self.query_backbone, self.passage_backbone, self.base_fingerprint()
         )
+        held = dict(self.attached.items()).get(module.name)
+        if held is not None and held.fingerprint() != module.fingerprint():
+            where = f"loaded from {held.folder}" if held.folder is not None else "made in this process"
+            raise ModuleError(
+                f"{folder} holds module {module.name!r}, and a module of that name with other weights is on "
+                f"this encoder already ({where}): modules used together need names of their own"
+            )
         self.attach(module.to(self.device))
         return module
 

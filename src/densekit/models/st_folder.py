@@ -13,6 +13,7 @@ from typing import Any
 
 from densekit.diagnostics import DataError, Problem
 from densekit.models.config import EncoderConfig
+from densekit.models.loading import read_json_file, read_json_object
 
 _TRANSFORMER = "sentence_transformers.models.Transformer"
 _POOLING = "sentence_transformers.models.Pooling"
@@ -31,18 +32,33 @@ def is_st_folder(path: Path) -> bool:
     return (Path(path) / "modules.json").is_file()
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise DataError([Problem(path, err.lineno, f"malformed JSON: {err.msg}")]) from None
+def _read_json(path: Path) -> dict[str, Any]:
+    return read_json_object(path)
+
+
+def _module_list(modules_file: Path) -> list[dict[str, Any]]:
+    """The entries of `modules.json`: a list of objects."""
+    modules = read_json_file(modules_file)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise DataError([Problem(modules_file, None, "expected a JSON list of modules, each an object")])
+    return modules
+
+
+def _inside(folder: Path, relative: object, modules_file: Path) -> Path:
+    """`folder / relative`, refused unless it is a folder inside `folder` (a module's `path` names one
+    of the model's own subfolders, never a place elsewhere on disk)."""
+    target = folder / str(relative)
+    if Path(str(relative)).is_absolute() or not target.resolve().is_relative_to(folder.resolve()):
+        message = f"module path {relative!r} leads outside {folder}; a module's path names a subfolder of it"
+        raise DataError([Problem(modules_file, None, message)])
+    return target
 
 
 def read_st_folder(path: Path) -> tuple[Path, dict[str, Any]]:
     """The transformer's folder and the `EncoderConfig` fields a sentence-transformers folder sets."""
     path = Path(path)
     modules_file = path / "modules.json"
-    modules = _read_json(modules_file)
+    modules = _module_list(modules_file)
     fields: dict[str, Any] = {"normalize": False}
     backbone = path
     for module in modules:
@@ -58,7 +74,7 @@ def read_st_folder(path: Path) -> tuple[Path, dict[str, Any]]:
                     )
                 ]
             )
-        folder = path / module.get("path", "")
+        folder = _inside(path, module.get("path", ""), modules_file)
         if kind == "Transformer":
             backbone = folder
         elif kind == "Pooling":
@@ -69,11 +85,16 @@ def read_st_folder(path: Path) -> tuple[Path, dict[str, Any]]:
     st_config = backbone / "sentence_bert_config.json"
     if st_config.is_file():
         max_length = _read_json(st_config).get("max_seq_length")
+        if max_length is not None and (type(max_length) is not int or max_length < 1):
+            message = f"max_seq_length {max_length!r}: expected a whole number of tokens, 1 or more"
+            raise DataError([Problem(st_config, None, message)])
         if max_length:
             fields["query_max_length"] = fields["passage_max_length"] = int(max_length)
     prompts_file = path / "config_sentence_transformers.json"
     if prompts_file.is_file():
         prompts = _read_json(prompts_file).get("prompts") or {}
+        if not isinstance(prompts, dict) or not all(isinstance(v, str | None) for v in prompts.values()):
+            raise DataError([Problem(prompts_file, None, "prompts: expected an object of texts by name")])
         if prompts.get("query"):
             fields["query_prefix"] = prompts["query"]
         passage_prompt = prompts.get("document") or prompts.get("passage")

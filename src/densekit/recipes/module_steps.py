@@ -13,6 +13,7 @@ from densekit.data.examples import EXAMPLES_KIND, read_examples, write_examples
 from densekit.encoding.device import resolve_device
 from densekit.evaluation.benchmark import run_benchmark
 from densekit.io.outputs import check_file_output, write_output_text
+from densekit.limits import MAX_RUN_DEPTH
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.averaging import average_modules
 from densekit.models.modules.hypernetwork import LoraHypernetwork
@@ -44,9 +45,9 @@ class MergeExamplesStep(Step):
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Write the examples of every input, in order."""
-        check_file_output(self.output, EXAMPLES_KIND, self.inputs_)
+        check_file_output(self.output, EXAMPLES_KIND, self.inputs_, self.identity(), overwrite)
         examples = [example for path in self.inputs_ for example in read_examples(Path(path))]
-        write_examples(Path(self.output), examples, self.inputs_)
+        write_examples(Path(self.output), examples, self.inputs_, self.identity(), overwrite)
 
 
 class RouteStep(Step):
@@ -124,7 +125,7 @@ class BenchmarkStep(Step):
     )
     split: str = "test"
     measures: list[str] = Field(default_factory=lambda: ["nDCG@10", "R@100"])
-    k: int = 1000
+    k: int = Field(1000, ge=1, le=MAX_RUN_DEPTH)
     batch_size: int = 64
 
     def inputs(self) -> list[str]:
@@ -166,11 +167,14 @@ class TableStep(Step):
     def inputs(self) -> list[str]:
         return list(self.benchmarks.values())
 
+    def outputs(self) -> list[str]:
+        return [self.output, str(Path(self.output).with_suffix(".json"))]
+
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Write OUTPUT (Markdown) and OUTPUT's .json."""
         json_path = Path(self.output).with_suffix(".json")
         for path in (self.output, json_path):
-            check_file_output(path, TABLE_KIND, self.inputs())
+            check_file_output(path, TABLE_KIND, self.inputs(), self.identity(), overwrite)
         rows: dict[str, dict[str, float]] = {}
         collections: list[str] = []
         for row, folder in self.benchmarks.items():
@@ -193,9 +197,11 @@ class TableStep(Step):
                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]  # fmt: skip
         lines += ["| " + " | ".join([row] + [f"{values[c]:.4f}" for c in header[1:]]) + " |"
                   for row, values in rows.items()]  # fmt: skip
-        write_output_text(self.output, TABLE_KIND, "\n".join(lines) + "\n", inputs=self.inputs())
+        identity, inputs = self.identity(), self.inputs()
+        write_output_text(self.output, TABLE_KIND, "\n".join(lines) + "\n", identity, inputs, overwrite)
         table = {"measure": self.measure, "rows": rows}
-        write_output_text(json_path, TABLE_KIND, json.dumps(table, indent=2) + "\n", inputs=self.inputs())
+        text = json.dumps(table, indent=2) + "\n"
+        write_output_text(json_path, TABLE_KIND, text, identity, inputs, overwrite)
 
 
 MODULE_STEP_TYPES: dict[str, type[Step]] = {

@@ -13,6 +13,12 @@ parameters or inputs changed runs from scratch, and so do the steps after it: it
 densekit made are replaced, and an output that densekit did not make is refused, never removed.
 Overrides must name keys the recipe has (or a step's parameters, which are validated). The last
 evaluate step's scores are written to `OUT/metrics.json`.
+
+A recipe is refused, before any step runs, when a step writes outside OUT (`..`, an absolute path, a
+link out of it) unless the user passes `allow_outside_out` (`densekit run --allow-outside-out`), or over
+the run's own record (`recipe.yaml`, `.steps`, ...), or where another step writes. Step names are plain
+words (they name the markers' files), and placeholders expand to at most `MAX_RESOLVED` characters and
+values per step (the YAML itself is bounded by `densekit.configuration`).
 """
 
 from __future__ import annotations
@@ -24,22 +30,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 
 from densekit.configuration import (
     COMMAND_LINE,
     ConfigError,
+    YamlProblem,
     apply_overrides,
     key_lines,
+    parse_yaml,
     read_yaml,
+    split_override,
     validate_config,
 )
 from densekit.data.dataset import input_fingerprint
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.device import resolve_device
-from densekit.io.artefact import read_manifest, write_folder_manifest
-from densekit.io.atomic import write_text_atomic
+from densekit.io.artefact import MANIFEST, read_manifest, write_folder_manifest
+from densekit.io.atomic import TEMPORARY, write_text_atomic
 from densekit.io.outputs import claim_folder
 from densekit.models.hub import resolve_model_path
 from densekit.recipes.module_steps import MODULE_STEP_TYPES
@@ -54,7 +62,27 @@ KIND = "recipe run"
 RECIPE_ENTRIES = (MARKERS, "recipe.yaml", "timings.json", "metrics.json")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.]*)\}")
 _RESERVED = {"description", "expected", "steps"}
+_STEP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,99}")
+_MANIFEST_NAME = re.compile(r"\..+\.densekit\.json")  # a file output's manifest (`artefact.sidecar`)
 ALL_STEP_TYPES = {**STEP_TYPES, **MODULE_STEP_TYPES}
+# The characters and values one step's placeholders may expand to; a step of the shipped recipes needs
+# about a thousand, and placeholders naming placeholders could otherwise grow without bound.
+MAX_RESOLVED = 1_000_000
+
+
+class _Budget:
+    """What resolving one value may still make, in characters of strings and values of lists and
+    mappings."""
+
+    def __init__(self) -> None:
+        self.left = MAX_RESOLVED
+
+    def spend(self, amount: int, where: str) -> None:
+        """Count `amount` made at `where`; raise past the limit."""
+        self.left -= amount
+        if self.left < 0:
+            limit = f"more than {MAX_RESOLVED} characters and values"
+            raise ValueError(f"{where}: placeholders expand to {limit}")
 
 
 def _lookup(context: dict[str, Any], dotted: str, where: str) -> Any:
@@ -66,23 +94,45 @@ def _lookup(context: dict[str, Any], dotted: str, where: str) -> Any:
     return node
 
 
-def resolve(value: Any, context: dict[str, Any], where: str = "recipe") -> Any:
-    """`value` with every `{dotted.name}` replaced from `context`; a lone placeholder keeps its type."""
+def resolve(
+    value: Any,
+    context: dict[str, Any],
+    where: str = "recipe",
+    _budget: _Budget | None = None,
+    _within: tuple[str, ...] = (),
+) -> Any:
+    """`value` with every `{dotted.name}` replaced from `context`; a lone placeholder keeps its type.
+    A placeholder met again inside its own value is a loop, and the whole may expand to at most
+    `MAX_RESOLVED` characters and values (`_within` and `_budget` carry both down the recursion)."""
+    budget = _budget if _budget is not None else _Budget()
     if isinstance(value, dict):
-        return {k: resolve(v, context, f"{where}.{k}") for k, v in value.items()}
+        budget.spend(1 + len(value), where)
+        return {k: resolve(v, context, f"{where}.{k}", budget, _within) for k, v in value.items()}
     if isinstance(value, list):
-        return [resolve(v, context, where) for v in value]
+        budget.spend(1 + len(value), where)
+        return [resolve(v, context, where, budget, _within) for v in value]
     if not isinstance(value, str):
+        budget.spend(1, where)
         return value
+
+    def replacement(match: re.Match) -> str:
+        text = str(_lookup(context, match.group(1), where))
+        budget.spend(len(text), where)
+        return text
+
     for _ in range(10):
         whole = _PLACEHOLDER.fullmatch(value)
         if whole:
+            if whole.group(1) in _within:
+                break
+            _within = (*_within, whole.group(1))
             value = _lookup(context, whole.group(1), where)
             if not isinstance(value, str):
-                return resolve(value, context, where)
+                return resolve(value, context, where, budget, _within)
             continue
-        replaced = _PLACEHOLDER.sub(lambda m: str(_lookup(context, m.group(1), where)), value)
+        replaced = _PLACEHOLDER.sub(replacement, value)
         if replaced == value:
+            budget.spend(len(value), where)
             return value
         value = replaced
     raise ValueError(f"{where}: placeholders refer to each other in a loop")
@@ -92,8 +142,7 @@ def _check_override_keys(path: Path, tree: dict[str, Any], overrides: list[str])
     """Refuse an override that names no key of the recipe: a typo would otherwise change nothing."""
     steps = tree.get("steps") if isinstance(tree.get("steps"), dict) else {}
     for override in overrides:
-        key = override.partition("=")[0]
-        parts = key.split(".")
+        parts = split_override(override)[0]
         if parts[0] == "steps":
             if len(parts) < 3 or parts[1] not in steps:
                 raise ValueError(
@@ -154,10 +203,16 @@ def _validated(
         raise ConfigError(problems, shown) from None
 
 
-def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[str, Any], dict[str, Step]]:
-    """The recipe's resolved tree and its steps, validated, in order."""
+def load_recipe(
+    path: Path, output: Path, overrides: list[str], allow_outside_out: bool = False
+) -> tuple[dict[str, Any], dict[str, Step]]:
+    """The recipe's resolved tree and its steps, validated, in order; with their outputs checked (see
+    `check_outputs`)."""
     tree = read_yaml(path)
     lines = key_lines(path)
+    if "out" in tree:
+        message = "out is the output folder (--out): a recipe cannot set it; give this section another name"
+        raise DataError([Problem(Path(path), lines.get(("out",)), message)])
     _check_override_keys(path, tree, overrides)
     tree = apply_overrides(tree, overrides)
     steps_tree = tree.get("steps")
@@ -166,25 +221,100 @@ def load_recipe(path: Path, output: Path, overrides: list[str]) -> tuple[dict[st
     context = {k: v for k, v in tree.items() if k not in _RESERVED}
     context["out"] = str(output)
     steps = {}
-    for name, raw in steps_tree.items():
-        resolved = resolve(raw, context, f"steps.{name}")
-        step_type = ALL_STEP_TYPES.get(resolved.get("type")) if isinstance(resolved, dict) else None
-        if step_type is None:
-            raise DataError(
-                [Problem(Path(path), None, f"steps.{name}: type must be one of {', '.join(ALL_STEP_TYPES)}")]
-            )
-        prefix = ("steps", name)
-        step_lines = {key[2:]: line for key, line in lines.items() if key[:2] == prefix}
-        inside = f"steps.{name}."
-        step_overrides = [o.removeprefix(inside) for o in overrides if o.startswith(inside)]
-        steps[name] = _validated(step_type, resolved, path, f"steps.{name}", step_overrides, step_lines)
-        if isinstance(steps[name], TrainerStep):
-            # check the run's own config now, not when the steps before it are done
-            config_lines = {key[1:]: line for key, line in step_lines.items() if key[:1] == ("config",)}
-            config_overrides = [o.removeprefix("config.") for o in step_overrides if o.startswith("config.")]
-            _validated(steps[name].config_type, {"device": "auto", **steps[name].config}, path,
-                       f"steps.{name}.config", config_overrides, config_lines)  # fmt: skip
+    step_lines = [line for key, line in lines.items() if len(key) == 2 and key[0] == "steps"]
+    for position, (name, raw) in enumerate(steps_tree.items()):
+        line = step_lines[position] if position < len(step_lines) else None
+        steps[name] = _load_step(path, name, raw, context, overrides, lines, line)
+    check_outputs(path, steps, output, allow_outside_out, lines)
     return tree, steps
+
+
+def _load_step(
+    path: Path,
+    name: Any,
+    raw: Any,
+    context: dict[str, Any],
+    overrides: list[str],
+    lines: dict,
+    line: int | None,
+) -> Step:
+    """One step of the recipe, resolved and validated; `line` is its name's line."""
+    if not isinstance(name, str) or not _STEP_NAME.fullmatch(name):
+        message = f"step name {name!r}: use letters, digits, - and _ (up to 100), not - first"
+        raise DataError([Problem(Path(path), line, message)])
+    try:
+        resolved = resolve(raw, context, f"steps.{name}")
+    except ValueError as err:
+        raise DataError([Problem(Path(path), line, str(err))]) from None
+    step_type = resolved.get("type") if isinstance(resolved, dict) else None
+    if not isinstance(step_type, str) or step_type not in ALL_STEP_TYPES:
+        raise DataError(
+            [Problem(Path(path), line, f"steps.{name}: type must be one of {', '.join(ALL_STEP_TYPES)}")]
+        )
+    prefix = ("steps", name)
+    step_lines = {key[2:]: n for key, n in lines.items() if key[:2] == prefix}
+    inside = f"steps.{name}."
+    step_overrides = [o.removeprefix(inside) for o in overrides if o.startswith(inside)]
+    step = _validated(ALL_STEP_TYPES[step_type], resolved, path, f"steps.{name}", step_overrides, step_lines)
+    if isinstance(step, TrainerStep):
+        # check the run's own config now, not when the steps before it are done
+        config_lines = {key[1:]: n for key, n in step_lines.items() if key[:1] == ("config",)}
+        config_overrides = [o.removeprefix("config.") for o in step_overrides if o.startswith("config.")]
+        _validated(step.config_type, {"device": "auto", **step.config}, path,
+                   f"steps.{name}.config", config_overrides, config_lines)  # fmt: skip
+    return step
+
+
+def check_outputs(
+    path: Path, steps: dict[str, Step], output: Path, allow_outside_out: bool, lines: dict
+) -> None:
+    """Refuse, before any step runs, a step writing outside `output` (after `..` and links; unless
+    `allow_outside_out`), onto `output` itself or the run's own record, or where another step writes."""
+    root = Path(output).resolve()
+    written: dict[Path, str] = {}
+    problems = []
+    for name, step in steps.items():
+        line = lines.get(("steps", name, "output"), lines.get(("steps", name)))
+        for target in step.outputs():
+            problem = _output_problem(Path(target).resolve(), root, allow_outside_out, written, name)
+            problem = problem or _input_problem(Path(target).resolve(), step)
+            if problem:
+                problems.append(Problem(Path(path), line, f"steps.{name}.output: {target} {problem}"))
+            written.setdefault(Path(target).resolve(), name)
+    if problems:
+        raise DataError(problems)
+
+
+def _input_problem(target: Path, step: Step) -> str | None:
+    """Why `target` would write over one of the step's own inputs, or None."""
+    for given in step.inputs():
+        source = Path(given).resolve()
+        if source == target or source.is_relative_to(target):
+            return f"is, or holds, {given}, an input of the step: write it elsewhere"
+    return None
+
+
+def _output_problem(
+    target: Path, root: Path, allow_outside_out: bool, written: dict[Path, str], name: str
+) -> str | None:
+    """Why a step may not write `target` (resolved), or None."""
+    if target == root:
+        return "is --out itself: name a path inside it"
+    if not target.is_relative_to(root):
+        if allow_outside_out:
+            return None if target not in written else f"is written by step {written[target]} too"
+        return f"is outside --out ({root}); pass --allow-outside-out to let the recipe write there"
+    first = target.relative_to(root).parts[0]
+    if first in (*RECIPE_ENTRIES, MANIFEST):
+        return f"is the run's own record ({first}): name another path"
+    if _MANIFEST_NAME.fullmatch(target.name) or TEMPORARY.match(target.name):
+        return "is a name densekit keeps for its manifests and temporary files: name another path"
+    for other, step in written.items():
+        if other == target:
+            return f"is written by step {step} too"
+        if target.is_relative_to(other) or other.is_relative_to(target):
+            return f"is inside what step {step} writes, or holds it"
+    return None
 
 
 def check_steps_device(path: Path, steps: dict[str, Step], device: str) -> None:
@@ -211,12 +341,26 @@ def _same(recorded: dict[str, Any] | None, record: dict[str, Any]) -> bool:
     and inputs of the same content."""
     if recorded is None:
         return False
-    same_parameters = yaml.safe_load(recorded["parameters"]) == yaml.safe_load(record["parameters"])
+    try:
+        same_parameters = parse_yaml(str(recorded.get("parameters"))) == parse_yaml(record["parameters"])
+    except YamlProblem:
+        return False
     return same_parameters and recorded.get("inputs") == record["inputs"]
 
 
 def _read_marker(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    """A step's marker, or None when there is none; a marker damaged by hand (not a JSON object) counts
+    as none, so the step runs again."""
+    if not path.is_file():
+        return None
+    try:
+        marker = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        marker = None
+    if not isinstance(marker, dict):
+        log.warning("%s is not a step marker densekit wrote; the step runs again", path)
+        return None
+    return marker
 
 
 def run_recipe(
@@ -226,19 +370,20 @@ def run_recipe(
     device: str = "auto",
     show_progress: bool = True,
     overwrite: bool = False,
+    allow_outside_out: bool = False,
 ) -> dict[str, float]:
     """Run every step not yet done; returns the final evaluation.
 
     `output` must be new, empty, or a run of a recipe with the same steps, or with steps added after
     them (continued); one of another recipe is replaced only with `overwrite`, and a folder densekit did
-    not make never.
+    not make never. Steps write only inside `output` unless `allow_outside_out`.
     """
     if distributed.world_size() > 1:
         raise RuntimeError(
             "run recipes in one process; launch multi-process training with torchrun densekit train"
         )
     output = Path(output)
-    _, steps = load_recipe(path, output, overrides or [])
+    _, steps = load_recipe(path, output, overrides or [], allow_outside_out)
     check_steps_device(path, steps, device)
     identity = {"steps": {name: step.type for name, step in steps.items()}}  # type: ignore[attr-defined]
     _take_appended_steps(output, identity)
@@ -259,7 +404,7 @@ def run_recipe(
         finished = _read_marker(done)
         if _same(finished, record) and not upstream_ran:
             log.info("step %s: already done", name)
-            timings[name] = finished["seconds"]  # type: ignore[index]
+            timings[name] = finished.get("seconds", 0.0)  # type: ignore[union-attr]
             continue
         began = _read_marker(started)
         # a step that never ran here has nothing to start over; one that did is redone when its

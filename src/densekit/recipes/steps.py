@@ -20,10 +20,11 @@ from densekit.encoding.device import Precision, autocast, resolve_device
 from densekit.encoding.onnx_backend import Backend, InferencePrecision, torch_precision, use_backend
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
-from densekit.evaluation.fusion import check_fusion_settings, fuse_runs
+from densekit.evaluation.fusion import check_fusion_settings, check_weights, fuse_runs
 from densekit.fine_tuning import run_cross_encoder_training, run_training
 from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.io.outputs import check_file_output, write_output_text
+from densekit.limits import MAX_RUN_DEPTH
 from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
 from densekit.mining.teacher import score_examples
@@ -50,6 +51,15 @@ class Step(BaseModel):
     def inputs(self) -> list[str]:
         """The paths (or hub ids) the step reads; their content is part of its completion marker."""
         return []
+
+    def outputs(self) -> list[str]:
+        """The paths the step writes: its `output` (every step type has one), and what it writes beside."""
+        return [self.output]  # type: ignore[attr-defined]
+
+    def identity(self) -> dict[str, Any]:
+        """What the step's file outputs record as what made them: the step's type and parameters."""
+        return {"command": f"recipe step {self.type}",  # type: ignore[attr-defined]
+                "settings": self.model_dump(mode="json", by_alias=True)}  # fmt: skip
 
     def check_device(self, device: torch.device) -> None:
         """Refuse settings `device` cannot run (fp16 on a CPU), before any step of the recipe runs."""
@@ -80,6 +90,9 @@ class MineStep(Step):
     def inputs(self) -> list[str]:
         return [self.data, *(p for p in (self.model, self.index, self.examples) if p is not None)]
 
+    def outputs(self) -> list[str]:
+        return [self.output, f"{self.output}.report.json"]
+
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Mine and write the training file."""
         encoder = DenseEncoder.load(self.model).to(resolve_device(device)) if self.model else None
@@ -87,7 +100,7 @@ class MineStep(Step):
         examples = Path(self.examples) if self.examples else None
         mine(Dataset.open(self.data), self.split, Path(self.output), self.source, self.settings, encoder,
              index, batch_size=self.batch_size, show_progress=show_progress, domain=self.domain,
-             examples_file=examples)  # fmt: skip
+             examples_file=examples, overwrite=overwrite)  # fmt: skip
 
 
 class PseudoQueriesStep(Step):
@@ -101,9 +114,12 @@ class PseudoQueriesStep(Step):
     def inputs(self) -> list[str]:
         return [self.data]
 
+    def outputs(self) -> list[str]:
+        return [self.output, f"{self.output}.report.json"]
+
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Write the pseudo-queries."""
-        write_pseudo_queries(Dataset.open(self.data), self.settings, Path(self.output))
+        write_pseudo_queries(Dataset.open(self.data), self.settings, Path(self.output), overwrite)
 
 
 class SplitQueriesStep(Step):
@@ -229,7 +245,7 @@ class SearchStep(Step):
     data: str
     split: str = "test"
     output: str
-    k: int = 1000
+    k: int = Field(1000, ge=1, le=MAX_RUN_DEPTH)
     batch_size: int = 64
     backend: Backend = "torch"
     precision: InferencePrecision = "float32"
@@ -242,14 +258,14 @@ class SearchStep(Step):
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Search the split's queries and write the run."""
-        check_file_output(self.output, RUN_KIND, self.inputs())
+        check_file_output(self.output, RUN_KIND, self.inputs(), self.identity(), overwrite)
         dataset = Dataset.open(self.data)
         queries, _ = dataset.split_queries(self.split)
         encoder = DenseEncoder.load(self.model).to(resolve_device(device))
         precision = use_backend(encoder, self.backend, self.precision, ["query"])
         retriever = Retriever(encoder, SearchIndex.load(self.index), dataset=dataset)
         run = retriever.search_run(queries, self.k, self.batch_size, precision, show_progress=show_progress)
-        write_run(Path(self.output), run, inputs=self.inputs())
+        write_run(Path(self.output), run, inputs=self.inputs(), identity=self.identity(), overwrite=overwrite)
 
 
 class BM25Step(Step):
@@ -259,7 +275,7 @@ class BM25Step(Step):
     data: str
     split: str = "test"
     output: str
-    k: int = 1000
+    k: int = Field(1000, ge=1, le=MAX_RUN_DEPTH)
     config: BM25Config = BM25Config()
 
     def inputs(self) -> list[str]:
@@ -267,7 +283,7 @@ class BM25Step(Step):
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Rank with BM25 and write the run."""
-        check_file_output(self.output, RUN_KIND, self.inputs())
+        check_file_output(self.output, RUN_KIND, self.inputs(), self.identity(), overwrite)
         dataset = Dataset.open(self.data)
         queries, _ = dataset.split_queries(self.split)
         write_run(
@@ -275,6 +291,8 @@ class BM25Step(Step):
             BM25Index.of_dataset(dataset, self.config, show_progress).search(queries, self.k),
             tag="bm25",
             inputs=self.inputs(),
+            identity=self.identity(),
+            overwrite=overwrite,
         )
 
 
@@ -299,16 +317,17 @@ class RerankStep(Step):
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Rerank the run's top documents and write the new run."""
-        check_file_output(self.output, RUN_KIND, self.inputs())
+        check_file_output(self.output, RUN_KIND, self.inputs(), self.identity(), overwrite)
         dataset = Dataset.open(self.data)
         queries, _ = dataset.split_queries(self.split)
-        cross_encoder = CrossEncoder.load(self.model).to(resolve_device(device))
+        cross_encoder = CrossEncoder.load(self.model, require_head=True).to(resolve_device(device))
         first = read_run(Path(self.run_file), Diagnostics())
         reranked = rerank_run(
             cross_encoder, first, queries, dataset.iter_corpus(), self.depth, self.batch_size, show_progress,
             self.precision,
         )  # fmt: skip
-        write_run(Path(self.output), reranked, tag="rerank", inputs=self.inputs())
+        write_run(Path(self.output), reranked, tag="rerank", inputs=self.inputs(), identity=self.identity(),
+                  overwrite=overwrite)  # fmt: skip
 
 
 class FuseStep(Step):
@@ -326,6 +345,7 @@ class FuseStep(Step):
     @model_validator(mode="after")
     def _settings_of_its_method(self) -> FuseStep:
         check_fusion_settings(self.method, self.k, self.normalisation)
+        check_weights(self.weights, len(self.runs))
         return self
 
     def inputs(self) -> list[str]:
@@ -333,11 +353,12 @@ class FuseStep(Step):
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Fuse the runs and write the fused run."""
-        check_file_output(self.output, RUN_KIND, self.inputs())
+        check_file_output(self.output, RUN_KIND, self.inputs(), self.identity(), overwrite)
         diagnostics = Diagnostics()
         runs = [read_run(Path(path), diagnostics) for path in self.runs]
         fused = fuse_runs(runs, self.method, self.weights, self.k, self.normalisation, self.depth)
-        write_run(Path(self.output), fused, tag=self.method, inputs=self.inputs())
+        write_run(Path(self.output), fused, tag=self.method, inputs=self.inputs(), identity=self.identity(),
+                  overwrite=overwrite)  # fmt: skip
 
 
 class ScoreStep(Step):
@@ -359,9 +380,10 @@ class ScoreStep(Step):
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Add the teacher's scores to the examples."""
-        teacher = CrossEncoder.load(self.model).to(resolve_device(device))
+        teacher = CrossEncoder.load(self.model, require_head=True).to(resolve_device(device))
         score_examples(teacher, Path(self.examples), Dataset.open(self.data), Path(self.output),
-                       self.batch_size, show_progress=show_progress, precision=self.precision)  # fmt: skip
+                       self.batch_size, show_progress=show_progress, precision=self.precision,
+                       overwrite=overwrite)  # fmt: skip
 
 
 class EvaluateStep(Step):
@@ -379,10 +401,11 @@ class EvaluateStep(Step):
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Score the run and write the JSON."""
-        check_file_output(self.output, SCORES_KIND, self.inputs())
+        check_file_output(self.output, SCORES_KIND, self.inputs(), self.identity(), overwrite)
         qrels = Dataset.open(self.data).qrels(self.split)
         scores = evaluate(qrels, read_run(Path(self.run_file), Diagnostics()), self.measures)
-        write_output_text(self.output, SCORES_KIND, json.dumps(scores, indent=2) + "\n", inputs=self.inputs())
+        write_output_text(self.output, SCORES_KIND, json.dumps(scores, indent=2) + "\n", self.identity(),
+                          self.inputs(), overwrite)  # fmt: skip
 
 
 STEP_TYPES: dict[str, type[Step]] = {

@@ -8,6 +8,7 @@ digest of the corpus it was built from and is rebuilt (atomically) when the corp
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -31,13 +32,21 @@ def store_path(index_dir: Path | str) -> Path:
     return index_dir.with_name(f"{index_dir.name}.documents.sqlite")
 
 
+class DocumentsUnavailable(RuntimeError):
+    """The store's file was removed, replaced or cannot be read since the store was opened."""
+
+
 class DocumentStore:
     """Read-only access to the documents of a store file; safe to share between threads (each thread
-    opens its own connection)."""
+    opens its own connection). Each read first checks that the file is still the one opened: one removed,
+    replaced or unreadable makes the read raise `DocumentsUnavailable`, logged once, and `unavailable`
+    say why."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._local = threading.local()
+        self._file = _file_identity(os.stat(self.path))
+        self.unavailable: str | None = None  # why the documents cannot be read, once a read failed
         self.count = int(self._connection().execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
     def _connection(self) -> sqlite3.Connection:
@@ -55,17 +64,43 @@ class DocumentStore:
         return self.get_many([doc_id]).get(doc_id)
 
     def get_many(self, doc_ids: list[str]) -> dict[str, Document]:
-        """The documents among `doc_ids` that the store holds, by id."""
+        """The documents among `doc_ids` that the store holds, by id; `DocumentsUnavailable` when the
+        store's file is gone, replaced or unreadable."""
+        self._check_file()
         found: dict[str, Document] = {}
-        for start in range(0, len(doc_ids), _BATCH):
-            chunk = doc_ids[start : start + _BATCH]
-            marks = ",".join("?" * len(chunk))
-            rows = self._connection().execute(
-                f"SELECT id, title, text FROM documents WHERE id IN ({marks})", chunk
-            )
-            for doc_id, title, text in rows:
-                found[doc_id] = Document(id=doc_id, text=text, title=title)
+        try:
+            for start in range(0, len(doc_ids), _BATCH):
+                chunk = doc_ids[start : start + _BATCH]
+                marks = ",".join("?" * len(chunk))
+                rows = self._connection().execute(
+                    f"SELECT id, title, text FROM documents WHERE id IN ({marks})", chunk
+                )
+                for doc_id, title, text in rows:
+                    found[doc_id] = Document(id=doc_id, text=text, title=title)
+        except sqlite3.Error as err:
+            self._fail(f"the document store {self.path} cannot be read: {err}")
         return found
+
+    def _check_file(self) -> None:
+        """Raise `DocumentsUnavailable` unless the store's file is the one opened."""
+        try:
+            now = _file_identity(os.stat(self.path))
+        except OSError as err:
+            self._fail(f"the document store {self.path} is gone: {err.strerror}")
+        if now != self._file:
+            self._fail(f"the document store {self.path} was replaced since it was opened")
+
+    def _fail(self, reason: str) -> None:
+        """Log `reason` the first time, and raise it."""
+        if self.unavailable is None:
+            log.error("%s: hits come without titles and texts until the service is restarted", reason)
+        self.unavailable = reason
+        raise DocumentsUnavailable(reason)
+
+
+def _file_identity(status: os.stat_result) -> tuple[int, int]:
+    """What tells one file from another that takes its name: its device and inode."""
+    return status.st_dev, status.st_ino
 
 
 def build_document_store(dataset: Dataset, path: Path, show_progress: bool = False) -> DocumentStore:

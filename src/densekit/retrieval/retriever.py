@@ -6,21 +6,63 @@ go through it.
 
 from __future__ import annotations
 
+import logging
+import os
+import weakref
 from pathlib import Path
 
 import numpy as np
 
 from densekit.data.dataset import Dataset
-from densekit.data.records import Run
+from densekit.data.records import Document, Run
 from densekit.encoding.device import Precision, resolve_device
 from densekit.encoding.embed import embed_texts
-from densekit.index.faiss_index import SearchIndex
+from densekit.index.faiss_index import INDEX_FILE, SearchIndex
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.route import Route, is_route_folder
 from densekit.progress import progress_bar
 from densekit.retrieval.dense import check_compatible
-from densekit.retrieval.documents import DocumentStore
+from densekit.retrieval.documents import DocumentStore, DocumentsUnavailable
 from densekit.retrieval.hit import Hit
+
+log = logging.getLogger("densekit")
+
+
+class IndexChanged(RuntimeError):
+    """A memory-mapped index file was changed in place (truncated, say) while it was searched."""
+
+
+class _MappedFile:
+    """The file a memory-mapped index reads, held open so that its size and time of change can be
+    checked before each search: searching a mapping whose file was truncated kills the process (SIGBUS),
+    which no exception handler sees. A file replaced under the same name (as `densekit index
+    --overwrite` does) leaves the mapping intact and is no change here."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self.fd)
+        self.loaded = self._state()
+        self.changed: str | None = None
+
+    def _state(self) -> tuple[int, int]:
+        status = os.fstat(self.fd)
+        return status.st_size, status.st_mtime_ns
+
+    def check(self) -> None:
+        """Raise `IndexChanged` (logged the first time) if the file changed since it was mapped."""
+        if self.changed is None:
+            now = self._state()
+            if now == self.loaded:
+                return
+            self.changed = (
+                f"the memory-mapped index file {self.path} was changed in place while served "
+                f"({self.loaded[0]} bytes when loaded, {now[0]} now): searches are refused until the service "
+                "is restarted (replace a served index with `densekit index --overwrite`, which writes a new "
+                "file)"
+            )
+            log.error("%s", self.changed)
+        raise IndexChanged(self.changed)
 
 
 class Retriever:
@@ -46,6 +88,7 @@ class Retriever:
         self.route = route
         self.index = index
         self.documents = documents
+        self._mapped = _MappedFile(index.folder / INDEX_FILE) if getattr(index, "mmap", False) else None
 
     @classmethod
     def open(
@@ -142,11 +185,15 @@ class Retriever:
         return self.hits(self.encode_queries(texts), k)
 
     def hits(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
-        """Ranked hits for query vectors made by `encode_queries`."""
+        """Ranked hits for query vectors made by `encode_queries`; without titles and texts when the
+        document store cannot be read (`documents.unavailable` says why). A memory-mapped index whose
+        file changed in place since it was loaded raises `IndexChanged` rather than being searched."""
+        if self._mapped is not None:
+            self._mapped.check()
         keys = [str(i) for i in range(len(vectors))]
         run = self.index.search_run(vectors, keys, k, skip_self=False)
         ranked = [list(run.get(key, {}).items()) for key in keys]
-        found = self.documents.get_many([d for hits in ranked for d, _ in hits]) if self.documents else {}
+        found = self._documents([d for hits in ranked for d, _ in hits])
         results = []
         for hits in ranked:
             row = []
@@ -156,3 +203,13 @@ class Retriever:
                 row.append(Hit(doc_id, float(score), title, text))
             results.append(row)
         return results
+
+    def _documents(self, doc_ids: list[str]) -> dict[str, Document]:
+        """The documents of `doc_ids` that the store holds; none without a store or when it cannot be
+        read (the store logs that once)."""
+        if self.documents is None:
+            return {}
+        try:
+            return self.documents.get_many(doc_ids)
+        except DocumentsUnavailable:
+            return {}

@@ -5,27 +5,33 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from densekit.encoding.device import Precision
-from densekit.retrieval.retriever import Retriever
+from densekit.retrieval.documents import DocumentsUnavailable
+from densekit.retrieval.retriever import IndexChanged, Retriever
 from densekit.serving import openai_api
-from densekit.serving.batcher import MicroBatcher, Overloaded, TimedOut
+from densekit.serving.batcher import MicroBatcher, Overloaded, TimedOut, Unencodable
+from densekit.serving.checks import bounded_problems, is_blank, shortened, shown, unencodable_at
 from densekit.serving.metrics import CONTENT_TYPE, MetricsMiddleware, ServiceMetrics
 from densekit.serving.openai_api import EmbeddingsRequest, EmbeddingsResponse
 from densekit.serving.page import SEARCH_PAGE
 
 OPENAI_PREFIX = "/v1/"
+LOCAL_NAMES = ("localhost",)  # with any name under .localhost and any IP address, always allowed as Host
+ANY_HOST = "*"
 
 
 class Limits(BaseModel):
@@ -33,7 +39,8 @@ class Limits(BaseModel):
     may wait to be encoded (past it, 429 with Retry-After) and how long a request may wait for its
     answer (past it, 503 with Retry-After; None: no limit). `max_queries` holds for `/v1/embeddings`
     inputs too; their length limit is `max_input_chars`, long enough for passages (the model truncates
-    them to its token limit; the limit only bounds the tokenizer's work)."""
+    them to its token limit; the limit only bounds the tokenizer's work). `max_hits` bounds queries
+    times k in one `/search` request, so a small request cannot ask for an answer of many megabytes."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -41,6 +48,7 @@ class Limits(BaseModel):
     max_input_chars: int = Field(100_000, ge=1)
     max_k: int = Field(1000, ge=1)
     max_queries: int = Field(64, ge=1)
+    max_hits: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(1_000_000, ge=1)
     max_queued: int = Field(1024, ge=1)
     request_timeout_s: float | None = Field(30.0, gt=0)
@@ -69,6 +77,11 @@ class SearchRequest(BaseModel):
     module: str | None = None
     domain: str | None = None
 
+    @field_validator("k", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: object) -> object:
+        return openai_api.refuse_boolean(value)
+
 
 class HitOut(BaseModel):
     """One ranked document."""
@@ -80,10 +93,12 @@ class HitOut(BaseModel):
 
 
 class SearchResponse(BaseModel):
-    """Hits per query, in the order the queries came, and the time the search took."""
+    """Hits per query, in the order the queries came, and the time the search took; where the document
+    store could not be read, hits without titles and texts, and why in `documents_unavailable`."""
 
     results: list[list[HitOut]]
     took_ms: float
+    documents_unavailable: str | None = None
 
 
 class _BodyLimit:
@@ -118,20 +133,65 @@ class _BodyLimit:
         return f"request body over {self.limit} bytes"
 
     async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
-        response = JSONResponse({"detail": self.message}, status_code=413)
-        await response(scope, receive, send)
+        await _error_body(scope["path"], self.message, 413)(scope, receive, send)
+
+
+# A Host header's name (or bracketed IPv6 address) and port, as RFC 9110 allows it; anything else
+# (user info, a path, spaces) is no host of ours.
+_HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._~!$&'()*+,;=%-]+))(?::[0-9]{1,5})?")
+
+
+class _HostCheck:
+    """ASGI middleware against DNS rebinding: a request whose `Host` header is not an IP address, not
+    `localhost` (or a name under .localhost) and not one of `allowed` gets 403. A web page can point a
+    name of its own at 127.0.0.1 and so reach a service on this machine, but its requests then carry
+    that name as Host. starlette's TrustedHostMiddleware answers 400 without a reason and would need
+    every address listed; a request without a Host header (HTTP/1.0) does not come from a browser and
+    passes."""
+
+    def __init__(self, app: Any, allowed: Sequence[str]):
+        self.app = app
+        self.allowed = {name.lower().rstrip(".") for name in (*LOCAL_NAMES, *allowed)}
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and ANY_HOST not in self.allowed:
+            given = dict(scope.get("headers") or []).get(b"host")
+            if given is not None and not self.allows(given.decode("latin-1")):
+                message = (f"Host {shown(given.decode('latin-1'))} is not an address of this service nor a "
+                           "name it allows (a guard against DNS rebinding): start `densekit serve` with "
+                           "--allowed-host NAME to allow a name")  # fmt: skip
+                await _error_body(scope["path"], message, 403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def allows(self, header: str) -> bool:
+        """Whether a request with this Host header may be answered."""
+        found = _HOST.fullmatch(header.strip())
+        if found is None:
+            return False
+        name = (found["ipv6"] or found["name"]).lower().rstrip(".")
+        if name in self.allowed or name.endswith(".localhost"):
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True  # an address is no name that DNS could rebind
 
 
 def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, limits: Limits = Limits(),
                batching: Batching = Batching(), precision: Precision = "float32",
                model_name: str | None = None, open_metrics: bool = False,
-               precision_reason: str | None = None) -> FastAPI:  # fmt: skip
+               precision_reason: str | None = None,
+               allowed_hosts: Sequence[str] | None = None) -> FastAPI:  # fmt: skip
     """The service over one retriever, or several sharing one encoder, each with its own module and
     index (the first answers requests that name no module), its texts encoded under `precision`'s
     autocast (chosen for `precision_reason`, which `/info` repeats). `model_name` (default: the model's
     source) is the name `/v1/embeddings` answers to, beside each module's. With `api_key`, every route
     but `/health`, the page at `/`, the OpenAPI pages (which hold no data) and, with `open_metrics`,
-    `/metrics` needs `Authorization: Bearer <api_key>`."""
+    `/metrics` needs `Authorization: Bearer <api_key>`. Given `allowed_hosts` (names; "*" for any), a
+    request whose Host header is neither an IP address, localhost nor one of them gets 403 (`serve`
+    always gives them; None: no check, for an app mounted in another server)."""
     served = [retrievers] if isinstance(retrievers, Retriever) else list(retrievers)
     by_module = {r.module: r for r in served}
     if len(by_module) != len(served):
@@ -158,6 +218,8 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     app.state.batcher = batcher
     app.state.metrics = metrics
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
+    if allowed_hosts is not None:
+        app.add_middleware(_HostCheck, allowed=allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last: outermost, it sees every status
     bearer = HTTPBearer(auto_error=False)
 
@@ -168,9 +230,9 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         if not hmac.compare_digest(given.encode(), api_key.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     def health() -> dict:
-        """Whether the service is up (no token needed)."""
+        """Whether the service is up (no token needed); HEAD too, as load balancers' probes ask."""
         return {"status": "ok"}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -191,6 +253,7 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
             "index": _index_info(retriever),
             "modules": {str(r.module): _index_info(r) for r in served[1:]},
             "documents": len(retriever.documents) if retriever.documents is not None else None,
+            "documents_unavailable": retriever.documents.unavailable if retriever.documents else None,
             "query_precision": runtime.precision if runtime is not None else precision,
             "precision_reason": precision_reason,
             "backend": "onnx" if runtime is not None else "torch",
@@ -206,15 +269,18 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         k = request.k if request.k is not None else min(10, limits.max_k)
         _check_k(k, limits)
         _check_texts(texts, limits.max_queries, limits.max_query_chars, "query", "queries")
+        _check_hits(len(texts), k, limits)
         chosen = retriever if request.module is None else by_module.get(request.module)
         if chosen is None:
             names = ", ".join(repr(name) for name in by_module if name is not None) or "none"
-            raise _LimitError(f"module {request.module!r} is not served here (modules served: {names})")
+            raise _LimitError(f"module {shown(request.module)} is not served here (modules served: {names})")
         _check_domain(chosen, request.domain)
         start = time.perf_counter()
         hits = await batcher.search(chosen, texts, k, request.domain)
         took = (time.perf_counter() - start) * 1000
-        return SearchResponse(results=[[HitOut(**h.__dict__) for h in row] for row in hits], took_ms=took)
+        unavailable = chosen.documents.unavailable if chosen.documents is not None else None
+        return SearchResponse(results=[[HitOut(**h.__dict__) for h in row] for row in hits], took_ms=took,
+                              documents_unavailable=unavailable)  # fmt: skip
 
     @app.post("/v1/embeddings", dependencies=[Depends(authorised)], response_model=EmbeddingsResponse)
     async def embeddings(request: EmbeddingsRequest) -> EmbeddingsResponse:
@@ -230,10 +296,10 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         _check_texts(texts, limits.max_queries, limits.max_input_chars, "input", "inputs")
         dimension = chosen.retriever.encoder.dimension
         if request.dimensions is not None and request.dimensions != dimension:
-            raise _LimitError(f"dimensions={request.dimensions}: this model gives {dimension}")
+            raise _LimitError(f"dimensions={shown(request.dimensions)}: this model gives {dimension}")
         if chosen.kind == "query":
-            _check_domain(chosen.retriever, None)
-        found = await batcher.embed(chosen.retriever, texts, chosen.kind)
+            _check_domain(chosen.retriever, chosen.domain)
+        found = await batcher.embed(chosen.retriever, texts, chosen.kind, chosen.domain)
         return openai_api.embeddings_response(
             found.vectors, found.tokens, request.model, request.encoding_format
         )
@@ -245,14 +311,14 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
                 for name in openai_api.model_list(embedding_names)]  # fmt: skip
         return {"object": "list", "data": data}
 
-    @app.get("/documents/{doc_id}", dependencies=[Depends(authorised)], response_model=HitOut)
+    @app.get("/documents/{doc_id:path}", dependencies=[Depends(authorised)], response_model=HitOut)
     def document(doc_id: str) -> HitOut:
-        """A document of the corpus by id (score 0)."""
+        """A document of the corpus by id (score 0); an id may hold `/` (escaped as %2F or not)."""
         if retriever.documents is None:
             raise HTTPException(404, "this service has no documents: start it with --corpus")
         found = retriever.documents.get(doc_id)
         if found is None:
-            raise HTTPException(404, f"no document {doc_id!r}")
+            raise HTTPException(404, f"no document {shown(doc_id)}")
         return HitOut(id=found.id, score=0.0, title=found.title, text=found.text)
 
     @app.get("/metrics", dependencies=[] if open_metrics else [Depends(authorised)], include_in_schema=False)
@@ -272,29 +338,47 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     async def timed_out(request: Request, err: TimedOut) -> JSONResponse:
         return _error(request, str(err), 503, {"Retry-After": str(err.retry_after)})
 
+    @app.exception_handler(Unencodable)
+    async def unencodable(request: Request, err: Unencodable) -> JSONResponse:
+        return _error(request, str(err), 422)
+
+    @app.exception_handler(IndexChanged)
+    async def index_changed(request: Request, err: IndexChanged) -> JSONResponse:
+        return _error(request, str(err), 503)
+
+    @app.exception_handler(DocumentsUnavailable)
+    async def documents_unavailable(request: Request, err: DocumentsUnavailable) -> JSONResponse:
+        return _error(request, str(err), 503)
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> Response:
         if not request.url.path.startswith(OPENAI_PREFIX):
+            if isinstance(err.detail, str):
+                err.detail = shortened(err.detail)
             return await http_exception_handler(request, err)
         return _error(request, str(err.detail), err.status_code, err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> Response:
+        problems = bounded_problems(err.errors())
         if not request.url.path.startswith(OPENAI_PREFIX):
-            return await request_validation_exception_handler(request, err)
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in err.errors())
-        return _error(request, problems, 422)
+            return JSONResponse({"detail": problems}, status_code=422)
+        described = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in problems)
+        return _error(request, described, 422)
 
     return app
 
 
 def _error(request: Request, message: str, status: int, headers: dict | None = None) -> JSONResponse:
     """An error in densekit's shape (`{"detail": ...}`), or OpenAI's under /v1/."""
-    body = (
-        openai_api.error_body(message, status)
-        if request.url.path.startswith(OPENAI_PREFIX)
-        else {"detail": message}
-    )
+    return _error_body(request.url.path, message, status, headers)
+
+
+def _error_body(path: str, message: str, status: int, headers: dict | None = None) -> JSONResponse:
+    """The error answer to a request for `path`: OpenAI's shape under /v1/, densekit's elsewhere; its
+    message cut to a bounded length."""
+    message = shortened(message)
+    body = openai_api.error_body(message, status) if path.startswith(OPENAI_PREFIX) else {"detail": message}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -319,14 +403,29 @@ def _check_domain(retriever: Retriever, domain: str | None) -> None:
         if domain is not None:
             raise _LimitError("domain: the service routes no queries by domain (it serves no fixed route)")
         return
-    if domain not in route.spec.domains and route.spec.fallback is None:
-        known = ", ".join(repr(d) for d in route.spec.domains)
-        raise _LimitError(f"domain {domain!r} is not routed here (domains: {known})")
+    if domain in route.spec.domains or route.spec.fallback is not None:
+        return
+    known = ", ".join(repr(d) for d in route.spec.domains)
+    how = ('send one as "domain" with the queries (/search), or ask /v1/embeddings for a model '
+           "NAME:query@DOMAIN (GET /v1/models lists them)")  # fmt: skip
+    if domain is None:
+        raise _LimitError(f"this service routes queries by their domain, and these came without one: {how}; "
+                          f"domains: {known}")  # fmt: skip
+    raise _LimitError(f"domain {shown(domain)} is not routed here (domains: {known})")
 
 
 def _check_k(k: int, limits: Limits) -> None:
     if not 1 <= k <= limits.max_k:
-        raise _LimitError(f"k={k}: ask for 1 to {limits.max_k} hits")
+        raise _LimitError(f"k={shown(k)}: ask for 1 to {limits.max_k} hits")
+
+
+def _check_hits(queries: int, k: int, limits: Limits) -> None:
+    """Queries times k within `max_hits`."""
+    if queries * k > limits.max_hits:
+        raise _LimitError(
+            f"{queries} queries x k={k} = {queries * k} hits: ask for at most {limits.max_hits} in one "
+            "request (fewer queries, or a smaller k)"
+        )
 
 
 def _check_texts(texts: list[str], most: int, longest: int, what: str, many: str) -> None:
@@ -337,5 +436,9 @@ def _check_texts(texts: list[str], most: int, longest: int, what: str, many: str
     for number, text in enumerate(texts):
         if len(text) > longest:
             raise _LimitError(f"{what} {number}: {len(text)} characters, over the limit of {longest}")
-        if not text.strip():
-            raise _LimitError(f"{what} {number} is empty")
+        where = unencodable_at(text)
+        if where is not None:
+            raise _LimitError(f"{what} {number}: not valid Unicode text (a lone surrogate, "
+                              f"U+{ord(text[where]):04X}, at character {where})")  # fmt: skip
+        if is_blank(text):
+            raise _LimitError(f"{what} {number} is empty (only spaces, controls or invisible characters)")

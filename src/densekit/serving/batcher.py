@@ -39,6 +39,15 @@ class Overloaded(Exception):
         self.retry_after = retry_after
 
 
+class Unencodable(ValueError):
+    """A request whose texts the model could not take (its tokenizer refused them), found when the
+    request was encoded on its own after the batch it shared failed."""
+
+    def __init__(self, reason: object):
+        first_line = (str(reason).splitlines() or [type(reason).__name__])[0]
+        super().__init__(f"the texts of this request could not be encoded: {first_line}")
+
+
 class TimedOut(Exception):
     """A request waited past the service's request timeout; its texts were dropped if not yet encoded."""
 
@@ -68,7 +77,8 @@ class MicroBatcher:
     retry delay estimated from the recent encoding speed. A request not answered within `timeout`
     seconds gets `TimedOut`, and its texts are dropped unless already being encoded; so are those of a
     request whose client went away. `batches` counts the encoding batches run; `on_batch(texts,
-    seconds)` hears of each.
+    seconds)` hears of each. When encoding a batch of several requests fails, each is encoded again on
+    its own, so that one request's text the tokenizer refuses fails that request only (`Unencodable`).
 
     The worker is the only one to encode, so retrievers sharing one encoder with different modules
     (`serve --module-index`) are safe: it activates each module before encoding its texts."""
@@ -171,15 +181,13 @@ class MicroBatcher:
             try:
                 if live:
                     started = time.perf_counter()
-                    results = await asyncio.to_thread(self._answer, live)
+                    outcomes = await asyncio.to_thread(self._answer_apart, live)
                     self._measured(sum(len(p.texts) for p in live), time.perf_counter() - started)
-                    for pending, answer in zip(live, results, strict=True):
-                        if not pending.done.done():
-                            pending.done.set_result(answer)
+                    for pending, outcome in zip(live, outcomes, strict=True):
+                        _settle(pending.done, outcome)
             except Exception as err:  # every waiting request hears of the failure
                 for pending in live:
-                    if not pending.done.done():
-                        pending.done.set_exception(err)
+                    _settle(pending.done, err)
             finally:
                 for _ in batch:
                     self._queue.task_done()
@@ -202,6 +210,22 @@ class MicroBatcher:
         self._seconds_per_text = per_text if previous == 0 else 0.8 * previous + 0.2 * per_text
         if self.on_batch is not None:
             self.on_batch(texts, seconds)
+
+    def _answer_apart(self, batch: list[_Pending]) -> list[object]:
+        """Each request's answer, from one encoding of them all, or, where that fails, from encoding
+        each on its own: an exception for each request that fails alone."""
+        try:
+            return self._answer(batch)
+        except Exception as err:
+            if len(batch) == 1:
+                return [_as_request_error(err)]
+        outcomes: list[object] = []
+        for pending in batch:
+            try:
+                outcomes.append(self._answer([pending])[0])
+            except Exception as err:
+                outcomes.append(_as_request_error(err))
+        return outcomes
 
     def _answer(self, batch: list[_Pending]) -> list[list[list[Hit]] | Embeddings]:
         answers: dict[int, list[list[Hit]] | Embeddings] = {}
@@ -235,6 +259,24 @@ class MicroBatcher:
             domains = [pending.domain for pending in requests for _ in pending.texts]
         return retriever.encode_queries(texts, batch_size=self.encode_batch, precision=self.precision,
                                         domains=domains)  # fmt: skip
+
+
+def _as_request_error(err: Exception) -> Exception:
+    """What a request hears of the exception its own texts raised: a tokenizer's refusal (a type, value
+    or Unicode error) as `Unencodable`, anything else as it is."""
+    if isinstance(err, TypeError | ValueError) and not isinstance(err, Unencodable):
+        return Unencodable(err)
+    return err
+
+
+def _settle(done: asyncio.Future, outcome: object) -> None:
+    """Answer a request with `outcome`, an exception or its result, unless it gave up already."""
+    if done.done():
+        return
+    if isinstance(outcome, BaseException):
+        done.set_exception(outcome)
+    else:
+        done.set_result(outcome)
 
 
 def _token_count(retriever: Retriever, texts: list[str], kind: TextKind) -> int:

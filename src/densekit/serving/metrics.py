@@ -3,6 +3,7 @@ the queue's depth, and the size of the documents and indexes served."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -13,6 +14,8 @@ from starlette.routing import Match
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 UNMATCHED = "<unmatched>"  # one label for every path no route serves, so a scan cannot add labels
+OTHER_METHOD = "<other>"  # one label for every method HTTP does not define, for the same reason
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -57,8 +60,8 @@ class ServiceMetrics:
 
 class MetricsMiddleware:
     """ASGI middleware counting every HTTP request by the template of the route that serves it (so
-    `/documents/{doc_id}` is one label), its method and its status, and timing it; outermost, so it
-    sees the 413s and 401s refused before a route runs too."""
+    `/documents/{doc_id}` is one label), its method (one of HTTP's, or OTHER_METHOD) and its status,
+    and timing it; outermost, so it sees the 413s and 401s refused before a route runs too."""
 
     def __init__(self, app: Any, metrics: ServiceMetrics):
         self.app, self.metrics = app, metrics
@@ -80,14 +83,16 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, sent)
         finally:
-            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            method = scope["method"] if scope["method"] in METHODS else OTHER_METHOD
+            self.metrics.requests.labels(route, method, str(status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - started)
 
 
 def _route_template(scope: dict) -> str:
-    """The path template of the route `scope` would reach, whatever its method, or UNMATCHED."""
+    """The path template of the route `scope` would reach, whatever its method, or UNMATCHED; without
+    its parameters' convertors (`/documents/{doc_id}`, not `{doc_id:path}`)."""
     for route in scope["app"].router.routes:
         match, _ = route.matches(scope)
         if match != Match.NONE:
-            return getattr(route, "path", UNMATCHED)
+            return re.sub(r"\{(\w+):\w+\}", r"{\1}", getattr(route, "path", UNMATCHED))
     return UNMATCHED

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from densekit.retrieval.retriever import Retriever
+from densekit.serving.checks import shown
 
 KINDS = ("query", "passage")  # the suffixes of a model name: `<model>:query`, `<model>:passage`
+DOMAIN_MARK = "@"  # `<model>:query@<domain>`: queries of that domain, for a fixed route
 DEFAULT_KIND = "passage"
 TOKEN_IDS_REFUSED = (
     "input: token ids are not accepted, send texts (LangChain: OpenAIEmbeddings(..., "
@@ -33,6 +35,11 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+
+    @field_validator("dimensions", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: object) -> object:
+        return refuse_boolean(value)
 
 
 class EmbeddingOut(BaseModel):
@@ -59,43 +66,67 @@ class EmbeddingsResponse(BaseModel):
     usage: Usage
 
 
+def refuse_boolean(value: object) -> object:
+    """`value`, unless it is a JSON boolean, which pydantic would otherwise take as the number 0 or 1."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a number")
+    return value
+
+
 @dataclass(frozen=True)
 class ServedName:
     """What a model name of the request resolves to: the retriever whose encoder (and module) encodes,
-    and whether inputs are queries or passages."""
+    whether inputs are queries or passages, and, for a fixed route's queries, their domain."""
 
     retriever: Retriever
     kind: Literal["query", "passage"]
+    domain: str | None = None
 
 
 class UnknownModel(LookupError):
     """A model name the service does not serve."""
 
 
-def served_names(model_name: str, retrievers: list[Retriever]) -> dict[str, Retriever]:
-    """Base names the service answers to: `model_name` for the default retriever (the first), and the
-    name of each module served for its own."""
-    names = {model_name: retrievers[0]}
+def served_names(model_name: str, retrievers: list[Retriever]) -> dict[str, ServedName]:
+    """Every model name the service answers to, and what each means: `model_name` for the default
+    retriever (the first) and each module's name for its own, each alone (passages) and with `:passage`
+    and `:query`. A fixed route's queries need a domain, so it answers to `:query@DOMAIN` for each of
+    its domains, and to `:query` alone only when it has a fallback."""
+    bases = {model_name: retrievers[0]}
     for retriever in retrievers:
         if retriever.module is not None:
-            names.setdefault(retriever.module, retriever)
+            bases.setdefault(retriever.module, retriever)
+    names: dict[str, ServedName] = {}
+    for base, retriever in bases.items():
+        for name, served in _names_of(base, retriever):
+            names.setdefault(name, served)
     return names
 
 
-def resolve_model(name: str, names: dict[str, Retriever]) -> ServedName:
-    """The retriever and input kind of `name`: a base name, or one with a `:query` or `:passage` suffix."""
-    base, sep, suffix = name.rpartition(":")
-    if sep and suffix in KINDS and base in names:
-        return ServedName(names[base], suffix)  # type: ignore[arg-type]
+def _names_of(base: str, retriever: Retriever) -> list[tuple[str, ServedName]]:
+    """The model names of one base name."""
+    passages = ServedName(retriever, "passage")
+    names = [(base, passages)]
+    route = retriever.route
+    if route is None or route.spec.type != "fixed" or route.spec.fallback is not None:
+        names.append((f"{base}:query", ServedName(retriever, "query")))
+    if route is not None and route.spec.type == "fixed":
+        names += [(f"{base}:query{DOMAIN_MARK}{domain}", ServedName(retriever, "query", domain))
+                  for domain in route.spec.domains]  # fmt: skip
+    return [*names, (f"{base}:passage", passages)]
+
+
+def resolve_model(name: str, names: dict[str, ServedName]) -> ServedName:
+    """What the model name `name` means; one not listed by `model_list` is an `UnknownModel`."""
     if name in names:
-        return ServedName(names[name], DEFAULT_KIND)  # type: ignore[arg-type]
+        return names[name]
     listed = ", ".join(repr(n) for n in model_list(names))
-    raise UnknownModel(f"model {name!r} is not served here (models: {listed})")
+    raise UnknownModel(f"model {shown(name)} is not served here (models: {listed})")
 
 
-def model_list(names: dict[str, Retriever]) -> list[str]:
+def model_list(names: dict[str, ServedName]) -> list[str]:
     """Every model name a request may give, suffixed ones included."""
-    return [full for base in names for full in (base, *(f"{base}:{kind}" for kind in KINDS))]
+    return list(names)
 
 
 def request_texts(request: EmbeddingsRequest) -> list[str]:

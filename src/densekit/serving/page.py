@@ -92,8 +92,9 @@ form.addEventListener("submit", async (event) => {
   }
   const roundTrip = performance.now() - started;
   const hits = body.results[0];
+  const missing = body.documents_unavailable ? " \u00b7 no texts: " + body.documents_unavailable : "";
   show(hits.length + " results in " + body.took_ms.toFixed(1) + " ms (search), " +
-       roundTrip.toFixed(1) + " ms (round trip)", false);
+       roundTrip.toFixed(1) + " ms (round trip)" + missing, false);
   for (const hit of hits) {
     const item = document.createElement("li");
     item.className = "hit";

@@ -18,13 +18,17 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch.func import functional_call
 
+from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import artefact_dir, verify
+from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
-from densekit.models.modules.module import EncoderModule
-from densekit.models.modules.specs import LoraSpec
+from densekit.models.loading import read_safetensors, validated_file
+from densekit.models.modules.module import BaseRecord, EncoderModule
+from densekit.models.modules.specs import LoraSpec, ModuleError
+from densekit.models.modules.tower import state_mismatch
 
 HYPER_FILE = "densekit-hypernetwork.json"
 HYPER_KIND = "hypernetwork"
@@ -42,6 +46,16 @@ class HyperSpec(BaseModel):
     embedding: int = Field(16, gt=0, description="size of a domain's embedding")
 
 
+class HyperFile(BaseModel):
+    """`densekit-hypernetwork.json`: the hypernetwork's spec, its base and the encoder settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: HyperSpec
+    base: BaseRecord
+    settings: EncoderConfig
+
+
 class LoraHypernetwork(torch.nn.Module):
     """Generates a query-only LoRA module per domain on `encoder`'s frozen base."""
 
@@ -57,6 +71,7 @@ class LoraHypernetwork(torch.nn.Module):
         self.encoder = encoder
         self.spec = spec
         self.shapes = {name: p.shape for name, p in template.query_tower.own_parameters().items()}
+        _check_maps_size(encoder, spec, sum(shape.numel() for shape in self.shapes.values()))
         self.embeddings = torch.nn.Parameter(0.1 * torch.randn(len(spec.domains), spec.embedding))
         self.maps = torch.nn.ModuleList(
             torch.nn.Linear(spec.embedding, shape.numel()) for shape in self.shapes.values()
@@ -87,7 +102,7 @@ class LoraHypernetwork(torch.nn.Module):
         if hasattr(self, "new_embedding") and domain == self.spec.domains[-1]:
             return self.new_embedding
         if domain not in self.spec.domains:
-            raise KeyError(
+            raise ValueError(
                 f"domain {domain!r} is not one of this hypernetwork's: {', '.join(self.spec.domains)}"
             )
         return self.embeddings[self.spec.domains.index(domain)]
@@ -115,8 +130,12 @@ class LoraHypernetwork(torch.nn.Module):
         """An ordinary module, named `domain`, holding the weights generated for it (from `embedding`,
         or the learned one); put on the encoder, the active module left as it was."""
         embedding = self.embedding(domain) if embedding is None else embedding
+        try:
+            spec = LoraSpec.model_validate({**self.spec.lora.model_dump(), "name": domain})
+        except ValidationError as err:
+            raise ValueError(f"domain {domain!r} cannot name a module: {err.errors()[0]['msg']}") from None
         active = self.encoder.active
-        module = self.encoder.new_module(self.spec.lora.model_copy(update={"name": domain}))
+        module = self.encoder.new_module(spec)
         self.encoder.active = active
         with torch.no_grad():
             own = module.query_tower.own_parameters()
@@ -150,20 +169,34 @@ class LoraHypernetwork(torch.nn.Module):
     ) -> LoraHypernetwork:
         """The hypernetwork saved in `folder`, on its base (loaded, or `encoder` when it is that base)."""
         folder = Path(folder)
-        verify(folder)
-        description = json.loads((folder / HYPER_FILE).read_text(encoding="utf-8"))
+        manifest = verify(folder)
+        if manifest.kind != HYPER_KIND or not (folder / HYPER_FILE).is_file():
+            what = f"not a hypernetwork folder (densekit made it as a {manifest.kind})"
+            raise DataError([Problem(folder, None, what)])
+        description = validated_file(folder / HYPER_FILE, HyperFile)
         if encoder is None:
-            encoder = DenseEncoder.load(description["base"]["source"], **description["settings"]).to(device)
-        if encoder.base_fingerprint() != description["base"]["fingerprint"]:
-            raise ValueError(
-                f"{folder}: made on another base than this model ({description['base']['source']})"
-            )
-        network = cls(encoder.eval(), HyperSpec.model_validate(description["spec"]))
-        state = safetensors.torch.load_file(str(folder / HYPER_WEIGHTS), device=str(device))
-        own = {k for k in network.state_dict() if not k.startswith("encoder.")}
-        if set(state) != own:
-            raise ValueError(
-                f"{folder / HYPER_WEIGHTS}: its tensors do not fit the hypernetwork its spec describes"
-            )
+            settings = description.settings.model_dump(exclude_unset=True)
+            encoder = DenseEncoder.load(description.base.source, **settings).to(device)
+        if encoder.base_fingerprint() != description.base.fingerprint:
+            raise ValueError(f"{folder}: made on another base than this model ({description.base.source})")
+        network = cls(encoder.eval(), description.spec)
+        state = read_safetensors(folder / HYPER_WEIGHTS, device=str(device))
+        own = {k: v for k, v in network.state_dict().items() if not k.startswith("encoder.")}
+        problem = state_mismatch(own, state)
+        if problem:
+            what = f"its tensors do not fit the hypernetwork its spec describes ({problem})"
+            raise DataError([Problem(folder / HYPER_WEIGHTS, None, what)])
         network.load_state_dict(state, strict=False)
         return network.eval()
+
+
+def _check_maps_size(encoder: DenseEncoder, spec: HyperSpec, module_parameters: int) -> None:
+    """Refuse, before they are allocated, maps larger than the base: each of the module's
+    `module_parameters` values is a linear map of the `spec.embedding` entries of a domain's embedding."""
+    count = (spec.embedding + 1) * module_parameters + len(spec.domains) * spec.embedding
+    limit = sum(p.numel() for p in encoder.query_backbone.parameters())
+    if count > limit:
+        raise ModuleError(
+            f"a hypernetwork with embedding {spec.embedding} over {len(spec.domains)} domains "
+            f"would hold {count:,} parameters, more than its base ({limit:,}); lower embedding"
+        )

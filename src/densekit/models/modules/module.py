@@ -14,25 +14,44 @@ from typing import Any
 
 import safetensors.torch
 import torch
-from pydantic import TypeAdapter
+from pydantic import BaseModel, ConfigDict
 from transformers import PreTrainedModel
 
+from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import artefact_dir, verify
+from densekit.models.config import EncoderConfig
 from densekit.models.fingerprint import tensors_fingerprint
+from densekit.models.loading import read_safetensors, validated_file
 from densekit.models.modules.own_kinds import own_tower
 from densekit.models.modules.peft_kinds import load_peft, peft_tower, save_peft
-from densekit.models.modules.specs import PEFT_TYPES, ModuleSpec, SparseDiffSpec
+from densekit.models.modules.sizing import check_module_size
+from densekit.models.modules.specs import PEFT_TYPES, ModuleError, ModuleSpec, SparseDiffSpec
 from densekit.models.modules.tower import Tower, freeze, state_mismatch
 
 MODULE_FILE = "densekit-module.json"
 MODULE_KIND = "module"
 OWN_WEIGHTS = "module.safetensors"
-SPEC = TypeAdapter(ModuleSpec)
 PLACES = {"shared": ["."], "separate": ["query", "passage"], "query": ["query"]}
 
 
-class ModuleError(ValueError):
-    """A module that does not fit the encoder it is put on."""
+class BaseRecord(BaseModel):
+    """The base a module, route or hypernetwork was made on: where it was loaded from, its weights'
+    fingerprint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    fingerprint: str
+
+
+class ModuleFile(BaseModel):
+    """`densekit-module.json`: the module's spec, the encoder settings it was trained with, its base."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: ModuleSpec
+    settings: EncoderConfig
+    base: BaseRecord
 
 
 def is_module_folder(path: str | Path) -> bool:
@@ -40,9 +59,9 @@ def is_module_folder(path: str | Path) -> bool:
     return (Path(path) / MODULE_FILE).is_file()
 
 
-def read_module_file(folder: str | Path) -> dict[str, Any]:
-    """The description a module folder holds of itself."""
-    return json.loads((Path(folder) / MODULE_FILE).read_text(encoding="utf-8"))
+def read_module_file(folder: str | Path) -> ModuleFile:
+    """The description a module folder holds of itself; an invalid one is named by file and line."""
+    return validated_file(Path(folder) / MODULE_FILE, ModuleFile)
 
 
 def _build_tower(base: PreTrainedModel, spec: Any, sparse_indices: dict[str, torch.Tensor] | None) -> Tower:
@@ -60,6 +79,7 @@ class EncoderModule(torch.nn.Module):
         self.query_tower = query_tower
         self.passage_tower = passage_tower
         self.base = base  # {"source": where the base was loaded from, "fingerprint": its weights'}
+        self.folder: Path | None = None  # where it was loaded from; None for one made in this process
 
     @property
     def name(self) -> str:
@@ -78,6 +98,7 @@ class EncoderModule(torch.nn.Module):
         """A fresh module of `spec` on the encoder's backbones (the same one when tied); a sparse
         difference takes its positions per tower ("query", "passage")."""
         indices = sparse_indices or {}
+        check_module_size(query_base, spec)
         if spec.towers == "shared":
             if query_base is not passage_base:
                 raise ModuleError(
@@ -116,7 +137,7 @@ class EncoderModule(torch.nn.Module):
                 target = tmp / place
                 target.mkdir(exist_ok=True)
                 if self.spec.type in PEFT_TYPES:
-                    save_peft(tower, target, self.base["source"])
+                    save_peft(tower, target, self.base["source"], self.spec)
                 else:
                     state = {name: _stored(t.detach().contiguous()) for name, t in tower.own_state().items()}
                     safetensors.torch.save_file(state, str(target / OWN_WEIGHTS))
@@ -130,10 +151,14 @@ class EncoderModule(torch.nn.Module):
         """The module saved in `folder`, on these backbones; refused when their weights (`fingerprint`)
         are not those it was trained on, or when its files were changed since."""
         folder = Path(folder)
-        verify(folder)
+        if not is_module_folder(folder):
+            raise DataError([Problem(folder, None, f"not a module folder: it has no {MODULE_FILE}")])
+        manifest = verify(folder)
+        if manifest.kind != MODULE_KIND:
+            what = f"not a module folder: densekit made it as a {manifest.kind}"
+            raise DataError([Problem(folder, None, what)])
         description = read_module_file(folder)
-        spec = SPEC.validate_python(description["spec"])
-        base = description["base"]
+        spec, base = description.spec, description.base.model_dump()
         if base["fingerprint"] != fingerprint:
             raise ModuleError(
                 f"{folder}: module {spec.name!r} was trained on another base ({base['source']}, weights "
@@ -152,6 +177,7 @@ class EncoderModule(torch.nn.Module):
                 load_peft(tower, folder / place)
             else:
                 _load_own(tower, folder / place / OWN_WEIGHTS)
+        module.folder = folder
         return module
 
 
@@ -171,11 +197,11 @@ def sparse_positions(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _saved_indices(path: Path) -> dict[str, torch.Tensor]:
     """A saved sparse difference's positions by layer name."""
-    return sparse_positions(safetensors.torch.load_file(str(path)))
+    return sparse_positions(read_safetensors(path))
 
 
 def _load_own(tower: Tower, path: Path) -> None:
-    state = safetensors.torch.load_file(str(path))
+    state = read_safetensors(path)
     expected = tower.own_state()
     problem = state_mismatch(expected, state)
     if problem:

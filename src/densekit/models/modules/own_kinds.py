@@ -8,16 +8,20 @@ biases or weights, the delta zero at the start. The base's tensors are never wri
 from __future__ import annotations
 
 import copy
-import re
+import time
 
+import regex
 import torch
 from torch.nn.utils import parametrize
 from transformers import PreTrainedModel
 
-from densekit.models.modules.specs import AdapterSpec, BitFitSpec, SparseDiffSpec
+from densekit.models.modules.specs import AdapterSpec, BitFitSpec, ModuleError, SparseDiffSpec
 from densekit.models.modules.tower import Tower, freeze, shared_copy
 
 OwnSpec = AdapterSpec | BitFitSpec | SparseDiffSpec
+# Layer patterns come from module files as well as configs: `regex` matches them under a deadline, as
+# Python's `re` cannot (`(.*)*x` would take it years on one layer name).
+MATCH_SECONDS = 2.0
 
 
 class Bottleneck(torch.nn.Module):
@@ -62,8 +66,20 @@ class AddSparseDelta(torch.nn.Module):
 
 
 def matching(model: torch.nn.Module, pattern: str) -> list[tuple[str, torch.nn.Module]]:
-    """The submodules whose full name matches `pattern`, in the model's order."""
-    return [(name, module) for name, module in model.named_modules() if name and re.fullmatch(pattern, name)]
+    """The submodules whose full name matches `pattern`, in the model's order; `ModuleError` when
+    matching them takes more than `MATCH_SECONDS` (a pattern that backtracks without end)."""
+    deadline = time.monotonic() + MATCH_SECONDS
+    found = []
+    for name, module in model.named_modules():
+        try:
+            if name and regex.fullmatch(pattern, name, timeout=max(deadline - time.monotonic(), 1e-3)):
+                found.append((name, module))
+        except TimeoutError:
+            raise ModuleError(
+                f"layer pattern {pattern!r} takes over {MATCH_SECONDS:g} s to match the model's layer names "
+                "(it backtracks without end): write it without nested repetition"
+            ) from None
+    return found
 
 
 def own_tower(
@@ -85,21 +101,38 @@ def own_tower(
         if sparse_indices is None:
             raise ValueError("a sparse difference needs the positions it changes")
         targets = dict(matching(model, spec.target_modules))
+        _weights(list(targets.items()), spec.target_modules)
         unknown = sorted(set(sparse_indices) - set(targets))
         if unknown:
-            raise ValueError(f"sparse difference for layers the model lacks: {', '.join(unknown[:3])}")
+            raise ModuleError(f"sparse difference for layers the model lacks: {', '.join(unknown[:3])}")
         for name, indices in sparse_indices.items():
             weight = targets[name].weight
+            _check_positions(name, indices, weight.numel())
             parametrize.register_parametrization(
                 targets[name], "weight", AddSparseDelta(indices, weight.dtype)
             )
     return Tower(model, base, parts)
 
 
+def _check_positions(layer: str, indices: torch.Tensor, size: int) -> None:
+    """Refuse a sparse difference's positions that are not whole numbers in a list within its layer's
+    `size` entries (a saved module's file could hold any)."""
+    whole = not (indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool)
+    if indices.dim() != 1 or not whole:
+        raise ModuleError(f"sparse difference of {layer}: its positions are a {indices.dim()}-D "
+                          f"{indices.dtype} tensor, not a list of whole numbers")  # fmt: skip
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= size):
+        raise ModuleError(f"sparse difference of {layer}: positions from {int(indices.min())} to "
+                          f"{int(indices.max())}, outside its {size} entries")  # fmt: skip
+
+
 def _add_adapters(model: torch.nn.Module, spec: AdapterSpec, parts: torch.nn.ModuleDict) -> None:
     outputs = matching(model, spec.ffn_output)
     if not outputs:
-        raise ValueError(f"no layer of the model matches ffn_output {spec.ffn_output!r}")
+        raise ModuleError(f"no layer of the model matches ffn_output {spec.ffn_output!r}")
+    for name, layer in outputs:
+        if not isinstance(getattr(layer, "out_features", None), int):
+            raise ModuleError(f"ffn_output {spec.ffn_output!r} matches {name}, which is no linear layer")
     if spec.placement == "sequential":
         for i, (_, layer) in enumerate(outputs):
             adapter = Bottleneck(layer.out_features, layer.out_features, spec.bottleneck, spec.scaling)
@@ -108,31 +141,38 @@ def _add_adapters(model: torch.nn.Module, spec: AdapterSpec, parts: torch.nn.Mod
         return
     inputs = matching(model, spec.ffn_input)
     if len(inputs) != len(outputs):
-        raise ValueError(
+        raise ModuleError(
             f"ffn_input {spec.ffn_input!r} matches {len(inputs)} layers, ffn_output {len(outputs)}"
         )
-    for i, ((_, first), (_, last)) in enumerate(zip(inputs, outputs, strict=True)):
-        adapter = Bottleneck(_in_features(first), last.out_features, spec.bottleneck, spec.scaling)
+    for i, ((name, first), (_, last)) in enumerate(zip(inputs, outputs, strict=True)):
+        adapter = Bottleneck(_in_features(name, first), last.out_features, spec.bottleneck, spec.scaling)
         parts[f"adapter_{i}"] = adapter
         seen: dict[str, torch.Tensor] = {}
         first.register_forward_pre_hook(lambda _m, args, seen=seen: seen.update(x=args[0]))
         last.register_forward_hook(lambda _m, _i, out, a=adapter, seen=seen: out + a(seen.pop("x")))
 
 
-def _in_features(module: torch.nn.Module) -> int:
-    linear = (
-        module
-        if isinstance(module, torch.nn.Linear)
-        else next(m for m in module.modules() if isinstance(m, torch.nn.Linear))
-    )
+def _in_features(name: str, module: torch.nn.Module) -> int:
+    linear = next((m for m in module.modules() if isinstance(m, torch.nn.Linear)), None)
+    if linear is None:
+        raise ModuleError(f"ffn_input matches {name}, which holds no linear layer")
     return linear.in_features
+
+
+def _weights(layers: list[tuple[str, torch.nn.Module]], pattern: str) -> dict[str, torch.nn.Parameter]:
+    """The weight of each matched layer, by name; a match without one (a container, a dropout) is
+    refused."""
+    for name, module in layers:
+        if not isinstance(getattr(module, "weight", None), torch.nn.Parameter):
+            raise ModuleError(f"target_modules {pattern!r} matches {name}, which has no weight to change")
+    return {name: module.weight for name, module in layers}
 
 
 def sparse_targets(base: PreTrainedModel, spec: SparseDiffSpec) -> dict[str, torch.nn.Parameter]:
     """The weight matrices of `base` a sparse difference may change, by layer name."""
-    targets = {name: module.weight for name, module in matching(base, spec.target_modules)}
+    targets = _weights(matching(base, spec.target_modules), spec.target_modules)
     if not targets:
-        raise ValueError(f"no layer of the model matches target_modules {spec.target_modules!r}")
+        raise ModuleError(f"no layer of the model matches target_modules {spec.target_modules!r}")
     return targets
 
 

@@ -16,13 +16,17 @@ from typing import Any
 import numpy as np
 import safetensors.torch
 import torch
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from densekit.diagnostics import DataError, Problem
 from densekit.encoding.device import Precision
 from densekit.encoding.embed import embed_texts
 from densekit.io.artefact import artefact_dir, verify
+from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
 from densekit.models.fingerprint import tensors_fingerprint
-from densekit.models.modules.module import read_module_file
+from densekit.models.loading import read_safetensors, validated_file
+from densekit.models.modules.module import BaseRecord, read_module_file
 from densekit.models.modules.routing import (
     Fusion,
     Router,
@@ -32,10 +36,40 @@ from densekit.models.modules.routing import (
     routed_vectors,
     soft_weights,
 )
+from densekit.models.modules.tower import state_mismatch
 
 ROUTE_FILE = "densekit-route.json"
 ROUTE_KIND = "route"
 ROUTER_WEIGHTS = "router.safetensors"
+
+
+class SavedModule(BaseModel):
+    """Where a route's module is saved and the fingerprint of its weights when the route was made."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    folder: str
+    fingerprint: str
+
+
+class RouteFile(BaseModel):
+    """`densekit-route.json`: the route's spec, its base, its modules' folders and the encoder settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: RouteSpec
+    base: BaseRecord
+    modules: dict[str, SavedModule]
+    settings: EncoderConfig
+
+    @model_validator(mode="after")
+    def _every_module_saved(self) -> RouteFile:
+        if set(self.modules) != set(self.spec.modules):
+            raise ValueError(
+                f"modules {sorted(self.modules)} are saved for a route over {self.spec.modules}; they must "
+                "be the same"
+            )
+        return self
 
 
 def load_modules(folders: Sequence[str | Path]) -> tuple[DenseEncoder, list[str]]:
@@ -163,7 +197,7 @@ class Route(torch.nn.Module):
             raise ValueError(f"no folder given for modules {missing}")
         modules = {}
         for name in self.spec.modules:
-            held = read_module_file(module_folders[name])["spec"]["name"]
+            held = read_module_file(module_folders[name]).spec.name
             if held != name:
                 raise ValueError(f"{module_folders[name]} holds module {held!r}, not {name!r}")
             modules[name] = {"folder": str(Path(module_folders[name]).resolve()),
@@ -181,25 +215,39 @@ class Route(torch.nn.Module):
     def load(cls, folder: str | Path, device: torch.device | str = "cpu") -> Route:
         """The route saved in `folder`, on its base with its modules loaded, in inference mode."""
         folder = Path(folder)
-        verify(folder)
-        description = json.loads((folder / ROUTE_FILE).read_text(encoding="utf-8"))
-        spec = RouteSpec.model_validate(description["spec"])
-        encoder = DenseEncoder.load(description["base"]["source"], **description["settings"]).to(device)
-        if encoder.base_fingerprint() != description["base"]["fingerprint"]:
-            raise ValueError(f"{folder}: the base at {description['base']['source']} has other weights now")
+        manifest = verify(folder)
+        if manifest.kind != ROUTE_KIND or not is_route_folder(folder):
+            what = f"not a route folder (densekit made it as a {manifest.kind})"
+            raise DataError([Problem(folder, None, what)])
+        description = validated_file(folder / ROUTE_FILE, RouteFile)
+        spec, base = description.spec, description.base
+        settings = description.settings.model_dump(exclude_unset=True)
+        encoder = DenseEncoder.load(base.source, **settings).to(device)
+        if encoder.base_fingerprint() != base.fingerprint:
+            raise ValueError(f"{folder}: the base at {base.source} has other weights now")
         for name in spec.modules:
-            saved = description["modules"][name]
-            module = encoder.load_module(saved["folder"])
-            if module.fingerprint() != saved["fingerprint"]:
-                raise ValueError(f"{folder}: module {name!r} ({saved['folder']}) changed since the route "
+            saved = description.modules[name]
+            module_folder = folder / saved.folder  # a relative folder is the route's, not the working one's
+            module = encoder.load_module(module_folder)
+            if module.name != name or module.fingerprint() != saved.fingerprint:
+                raise ValueError(f"{folder}: module {name!r} ({module_folder}) changed since the route "
                                  "was made")  # fmt: skip
         encoder.activate(None)
         router = None
         if spec.type != "fixed":
             router = _new_router(spec, encoder.dimension)
-            router.load_state_dict(safetensors.torch.load_file(str(folder / ROUTER_WEIGHTS)))
+            _load_router(router, folder / ROUTER_WEIGHTS)
             router.to(device)
         return cls(encoder.eval(), spec, router).eval()
+
+
+def _load_router(router: Router | Fusion, path: Path) -> None:
+    """Set `router` to the weights saved in `path`, which must be exactly its tensors."""
+    state = read_safetensors(path)
+    problem = state_mismatch(dict(router.state_dict()), state)
+    if problem:
+        raise DataError([Problem(path, None, f"does not fit the route's router ({problem})")])
+    router.load_state_dict(state)
 
 
 def _new_router(spec: RouteSpec, dimension: int) -> Router | Fusion:

@@ -32,6 +32,7 @@ from densekit.models.encoder import DenseEncoder
 log = logging.getLogger("densekit")
 
 BASE = "base"
+MAX_ROUTE_MODULES = 256  # each is loaded onto the base; a route file cannot ask for a million
 
 
 class RouteSpec(BaseModel):
@@ -40,7 +41,10 @@ class RouteSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["fixed", "soft", "top_k", "fusion"]
-    modules: list[str] = Field(min_length=1, description="the modules routed among, in the router's order")
+    modules: list[str] = Field(
+        min_length=1, max_length=MAX_ROUTE_MODULES,
+        description="the modules routed among, in the router's order",
+    )  # fmt: skip
     domains: dict[str, str] = Field(default_factory=dict, description="fixed: domain name -> module name")
     fallback: str | None = Field(
         None, description="fixed: the module for a domain not in `domains`, or 'base'; none: an error"

@@ -5,9 +5,30 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import regex
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 Towers = Literal["shared", "separate", "query"]
+MAX_PATTERN_CHARS = 1000  # a regular expression naming layers; BERT's longest default is 48 characters
+
+
+class ModuleError(ValueError):
+    """A module that does not fit the encoder it is put on."""
+
+
+def _layer_pattern(pattern: str) -> str:
+    """A regular expression naming layers, refused when it is too long or does not compile."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ValueError(f"a layer pattern of {len(pattern)} characters; at most {MAX_PATTERN_CHARS}")
+    try:
+        regex.compile(pattern)
+    except regex.error as err:
+        raise ValueError(f"{pattern!r} is not a regular expression ({err})") from None
+    return pattern
+
+
+LayerPattern = Annotated[str, AfterValidator(_layer_pattern)]
+LayerName = Annotated[str, Field(min_length=1, max_length=MAX_PATTERN_CHARS)]
 
 # BERT's module names (all-MiniLM-L6-v2, Contriever, coCondenser...); other architectures name theirs
 BERT_ATTENTION = ["query", "key", "value", "attention.output.dense"]
@@ -30,8 +51,9 @@ class BaseSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _plain_name(cls, name: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-            raise ValueError(f"{name!r}: a module name is letters, digits, '_', '.' and '-'")
+        # no '.': torch holds modules by name, and a dotted name is a path to it
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}", name):
+            raise ValueError(f"{name!r}: a module name is 1 to 100 letters, digits, '_' and '-'")
         return name
 
 
@@ -42,7 +64,12 @@ class LoraSpec(BaseSpec):
     rank: int = Field(16, gt=0)
     alpha: float = Field(32.0, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: list(BERT_ATTENTION))
+    target_modules: list[LayerName] = Field(
+        default_factory=lambda: list(BERT_ATTENTION),
+        min_length=1,
+        max_length=1000,
+        description="layer names, or the ends of them after a '.'",
+    )
 
 
 class Ia3Spec(BaseSpec):
@@ -50,8 +77,10 @@ class Ia3Spec(BaseSpec):
     activations, ones at the start; by peft."""
 
     type: Literal["ia3"] = "ia3"
-    target_modules: str = Field(r".*\.(key|value)|" + BERT_FFN_OUT, description="a regular expression")
-    feedforward_modules: str = Field(BERT_FFN_OUT, description="targets whose input is rescaled")
+    target_modules: LayerPattern = Field(
+        r".*\.(key|value)|" + BERT_FFN_OUT, description="a regular expression"
+    )
+    feedforward_modules: LayerPattern = Field(BERT_FFN_OUT, description="targets whose input is rescaled")
 
 
 class PrefixSpec(BaseSpec):
@@ -78,10 +107,12 @@ class AdapterSpec(BaseSpec):
     placement: Literal["sequential", "parallel"] = "sequential"
     bottleneck: int = Field(64, gt=0, description="the adapter's inner size")
     scaling: float = Field(1.0, gt=0)
-    ffn_input: str = Field(
+    ffn_input: LayerPattern = Field(
         BERT_FFN_IN, description="regular expression naming the feed-forward's first layer"
     )
-    ffn_output: str = Field(BERT_FFN_OUT, description="regular expression naming its last linear layer")
+    ffn_output: LayerPattern = Field(
+        BERT_FFN_OUT, description="regular expression naming its last linear layer"
+    )
 
 
 class BitFitSpec(BaseSpec):
@@ -98,7 +129,7 @@ class SparseDiffSpec(BaseSpec):
     type: Literal["sparse_diff"] = "sparse_diff"
     density: float = Field(0.01, gt=0, le=1, description="share of each chosen weight matrix's entries")
     selection_batches: int = Field(4, gt=0)
-    target_modules: str = Field(
+    target_modules: LayerPattern = Field(
         r"encoder\.layer\.\d+\..*\.(query|key|value|dense)", description="a regular expression"
     )
 

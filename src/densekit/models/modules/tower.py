@@ -61,11 +61,23 @@ class Tower(torch.nn.Module):
         return {**self.own_parameters(), **buffers}
 
 
+def _number_kind(tensor: torch.Tensor) -> str:
+    """Whether `tensor` holds real numbers, whole numbers, complex numbers or truth values."""
+    if tensor.dtype == torch.bool:
+        return "bool"
+    return "complex" if tensor.is_complex() else "float" if tensor.is_floating_point() else "int"
+
+
 def state_mismatch(expected: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> str | None:
-    """What keeps `saved` tensors from filling `expected` ones: the names missing, unexpected or of
-    another shape (three of each at most); None when they fit."""
+    """What keeps `saved` tensors from filling `expected` ones: the names missing, unexpected, of
+    another shape or of another kind of number (a float in place of a float of other precision fits;
+    three of each at most); None when they fit."""
     missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
-    reshaped = sorted(key for key in set(expected) & set(saved) if expected[key].shape != saved[key].shape)
-    if not (missing or unexpected or reshaped):
+    common = set(expected) & set(saved)
+    reshaped = sorted(key for key in common if expected[key].shape != saved[key].shape)
+    retyped = sorted(key for key in common if _number_kind(expected[key]) != _number_kind(saved[key]))
+    if not (missing or unexpected or reshaped or retyped):
         return None
-    return f"missing {missing[:3]}, unexpected {unexpected[:3]}, of another shape {reshaped[:3]}"
+    found = [("missing", missing), ("unexpected", unexpected), ("of another shape", reshaped),
+             ("of another dtype", retyped)]  # fmt: skip
+    return ", ".join(f"{what} {names[:3]}" for what, names in found if names)

@@ -1,0 +1,15 @@
+"""Bounds on the settings that size an allocation, shared by the commands (typer's `max`) and the
+library that checks them; constants only, so that the command line imports nothing heavy for them.
+docs/hostile-input.md lists them."""
+
+# The most documents a command ranks per query (--k, a step's k, fuse's and diagnose-negatives'
+# --depth): a run holds queries x k entries, so an absurd k is an absurd allocation; TREC ranks 1000.
+MAX_RUN_DEPTH = 100_000
+
+# The sign flips of the randomisation test (`compare --trials`): ten million take a minute or so, and
+# more would only run longer (the p-value's error is already below 0.0002).
+DEFAULT_TRIALS = 100_000
+MAX_TRIALS = 10_000_000
+
+# The most pseudo-queries one document gives (span, keywords): crops of one text repeat long before.
+MAX_PER_DOCUMENT = 1000
