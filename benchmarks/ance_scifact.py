@@ -27,9 +27,9 @@ from pathlib import Path
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
+from densekit.evaluation.in_memory import evaluate_encoder
 from densekit.fine_tuning import run_training
 from densekit.models import DenseEncoder
-from densekit.retrieval.in_memory import evaluate_encoder
 from densekit.training.config import TrainConfig
 
 RUNS = ["in-batch", "bm25", "static", "ance"]

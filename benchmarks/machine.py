@@ -7,7 +7,7 @@ import os
 import platform
 from importlib import metadata
 
-from densekit.encoding.device import cpu_flags
+from densekit.device import cpu_flags
 
 
 def _cpu_model() -> str:

@@ -24,7 +24,7 @@ from benchmarks.machine import machine_info
 from densekit.data import Dataset
 from densekit.encoding.embed import embed_texts
 from densekit.models import DenseEncoder, resolve_model_path
-from densekit.models.modules.specs import LoraSpec
+from densekit.models.modules.kinds.lora import LoraSpec
 
 
 def seconds_per_call(work, calls: int) -> float:

@@ -43,15 +43,15 @@ from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
 from densekit.data.trec import read_run
+from densekit.device import resolve_device
 from densekit.diagnostics import DataError, Diagnostics
-from densekit.encoding.device import resolve_device
+from densekit.evaluation.in_memory import evaluate_encoder
 from densekit.evaluation.significance import paired_test, per_query
 from densekit.io.atomic import write_text_atomic
 from densekit.models import DenseEncoder, resolve_model_path
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
 from densekit.recipes.runner import load_recipe, run_recipe
-from densekit.retrieval.in_memory import evaluate_encoder
 
 METHODS = ["none", "mlm", "condenser", "cocondenser", "retromae"]
 MAX_LENGTH = 128  # tokens a document is cut to in pre-training, and a passage in the fine-tune

@@ -15,7 +15,7 @@ from densekit.data.trec import read_run, write_run
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.passages import MaxPSettings
 from densekit.encoding.store import KIND, EmbeddingStore, complete_part
-from densekit.index import IndexSpec, SearchIndex, SpecError, build_index, faiss_index
+from densekit.index import FaissIndex, IndexSpec, SearchIndex, SpecError, build_index, faiss_index
 from densekit.index.spec import MIN_POINTS_PER_CENTROID
 from densekit.io.artefact import MANIFEST, read_manifest, write_folder_manifest
 from densekit.io.fingerprint import file_digest
@@ -99,7 +99,7 @@ def test_automatic_ivfpq_parameters_train_on_small_and_odd_corpora_without_warni
     assert_fits_the_corpus(spec, rows, dimension)
     data = np.random.default_rng(rows).standard_normal((rows, dimension)).astype(np.float32)
     capfd.readouterr()
-    index = SearchIndex.from_vectors(data, [f"doc{i}" for i in range(rows)], IndexSpec(type="ivfpq"))
+    index = FaissIndex.from_vectors(data, [f"doc{i}" for i in range(rows)], IndexSpec(type="ivfpq"))
     assert index.index.is_trained and index.index.ntotal == rows
     assert index.search(data[:3], 5).labels[:, 0].tolist() != [-1, -1, -1]
     printed = capfd.readouterr()
@@ -137,7 +137,7 @@ def test_ivfpq_parameters_faiss_cannot_train_are_refused_before_faiss(
     spec: IndexSpec, rows: int, message: str, vectors
 ):
     with pytest.raises(SpecError) as err:
-        SearchIndex.from_vectors(vectors[:rows], [f"doc{i}" for i in range(rows)], spec)
+        FaissIndex.from_vectors(vectors[:rows], [f"doc{i}" for i in range(rows)], spec)
     assert str(err.value).startswith(message)
 
 
@@ -148,7 +148,7 @@ def test_search_parameters_can_be_overridden(vectors, tmp_path: Path):
     assert faiss.downcast_index(index.index).hnsw.efSearch == 16
     index.set_search_parameters(ef_search=300)
     assert faiss.downcast_index(index.index).hnsw.efSearch == 300
-    ivf = SearchIndex.from_vectors(vectors, [f"doc{i}" for i in range(len(vectors))], IndexSpec(type="ivfpq"))
+    ivf = FaissIndex.from_vectors(vectors, [f"doc{i}" for i in range(len(vectors))], IndexSpec(type="ivfpq"))
     assert faiss.extract_index_ivf(ivf.index).nprobe == 32
     ivf.set_search_parameters(nprobe=1)
     assert faiss.extract_index_ivf(ivf.index).nprobe == 1
@@ -166,7 +166,7 @@ def test_search_parameters_can_be_overridden(vectors, tmp_path: Path):
 )
 def test_search_parameters_out_of_bounds_or_unused_are_refused(vectors, index_type: str, values, message):
     ids = [f"doc{i}" for i in range(500)]
-    index = SearchIndex.from_vectors(vectors[:500], ids, IndexSpec(type=index_type))
+    index = FaissIndex.from_vectors(vectors[:500], ids, IndexSpec(type=index_type))
     before = faiss.serialize_index(index.index)
     with pytest.raises(SpecError) as err:
         index.set_search_parameters(**values)
@@ -183,7 +183,7 @@ def test_k_is_capped_at_the_rows_of_the_index(vectors, tmp_path: Path):
     run = index.search_run(vectors[:3], ["doc0", "q1", "q2"], 1_000_000)
     assert [len(ranked) for ranked in run.values()] == [119, 120, 120]  # doc0 is doc0's own query
     ids = [f"doc{i // 3}#p{i % 3}" for i in range(120)]  # 40 documents of 3 passages
-    maxp = SearchIndex.from_vectors(vectors[:120], ids, maxp=MaxPSettings())
+    maxp = FaissIndex.from_vectors(vectors[:120], ids, maxp=MaxPSettings())
     assert maxp.search(vectors[:3], 1_000_000).labels.shape == (3, 120)
     documents = maxp.search_run(vectors[:3], ["a", "b", "c"], 1_000_000)
     assert [len(ranked) for ranked in documents.values()] == [40, 40, 40]
@@ -253,7 +253,7 @@ def test_a_nan_or_infinite_vector_is_refused_naming_its_part_and_row(vectors, tm
     )
     assert not (tmp_path / "index").exists()
     with pytest.raises(DataError, match=r"row 40 \(document 'doc40'\) holds an infinite value"):
-        SearchIndex.from_vectors(data, [f"doc{i}" for i in range(300)])
+        FaissIndex.from_vectors(data, [f"doc{i}" for i in range(300)])
 
 
 def test_saved_and_in_memory_indexes_train_on_one_uniform_sample(vectors, tmp_path: Path, monkeypatch):
@@ -264,7 +264,7 @@ def test_saved_and_in_memory_indexes_train_on_one_uniform_sample(vectors, tmp_pa
     build_index(fake_store(tmp_path / "emb", ordered, parts=3), spec, tmp_path / "index", seed=7,
                 show_progress=False)  # fmt: skip
     saved = SearchIndex.load(tmp_path / "index")
-    memory = SearchIndex.from_vectors(ordered, ids, spec, seed=7)
+    memory = FaissIndex.from_vectors(ordered, ids, spec, seed=7)
     assert np.array_equal(faiss.serialize_index(saved.index), faiss.serialize_index(memory.index))
     centroids = faiss.extract_index_ivf(memory.index).quantizer.reconstruct_n(0, 8)
     assert centroids[:, 0].max() > ordered[399, 0] + 0.2  # trained beyond the first 400 rows

@@ -20,7 +20,7 @@ from densekit.data import Dataset
 from densekit.data.trec import read_run
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import encode_corpus
-from densekit.index import IndexSpec, SearchIndex, build_index, faiss_index
+from densekit.index import FaissIndex, IndexSpec, SearchIndex, build_index, faiss_index
 from densekit.index import memory as memory_module
 from densekit.index.memory import IndexTooLarge, build_bytes, index_bytes
 from densekit.models import DenseEncoder
@@ -59,7 +59,7 @@ def test_a_build_in_small_batches_over_parts_equals_the_one_shot_index(
     passes = 2 if kind == "ivfpq" else 1  # training reads every batch once to draw its sample
     assert sum(rows for rows, _ in mapped) == passes * len(vectors)
     streamed = SearchIndex.load(tmp_path / "index")
-    one_shot = SearchIndex.from_vectors(vectors, store.ids(), SPECS[kind])
+    one_shot = FaissIndex.from_vectors(vectors, store.ids(), SPECS[kind])
     assert streamed.rows == one_shot.rows == len(vectors)
     assert list(streamed.ids) == list(one_shot.ids) == store.ids()
     assert streamed.meta["spec"] == one_shot.meta["spec"]
@@ -83,12 +83,12 @@ _KILLED_BUILD = textwrap.dedent(
         time.sleep(600)
 
     if stage == "add":  # stop after the first batch went in
-        check = faiss_index._check_finite
+        check = faiss_index.check_finite_rows
         def checked(vectors, source, ids, start=0):
             if start > 0:
                 wait_to_be_killed()
             check(vectors, source, ids, start)
-        faiss_index._check_finite = checked
+        faiss_index.check_finite_rows = checked
     else:  # stop with the index file written and the rest of the folder not
         write = faiss.write_index
         def written(index, path):

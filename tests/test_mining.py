@@ -120,7 +120,7 @@ def test_dense_mining_takes_positives_from_a_flat_index_with_the_scores_encoding
     tmp_path: Path, tiny_st_model: Path
 ):
     from densekit.data import Dataset
-    from densekit.index import IndexSpec, SearchIndex
+    from densekit.index import FaissIndex, IndexSpec
     from densekit.mining.mine import dense_candidates
     from densekit.models import DenseEncoder
     from densekit.retrieval.in_memory import index_corpus
@@ -133,7 +133,7 @@ def test_dense_mining_takes_positives_from_a_flat_index_with_the_scores_encoding
     flat = index_corpus(encoder, documents, show_progress=False)
     ids = [doc.id for doc in documents]
     assert np.array_equal(flat.stored_vectors(ids[::-1]), flat.index.reconstruct_n(0, len(ids))[::-1])
-    hnsw = SearchIndex.from_vectors(flat.index.reconstruct_n(0, len(ids)), ids, IndexSpec(type="hnsw"))
+    hnsw = FaissIndex.from_vectors(flat.index.reconstruct_n(0, len(ids)), ids, IndexSpec(type="hnsw"))
     assert hnsw.stored_vectors(ids) is None  # HNSW keeps a graph: its positives are encoded
     from_index = dense_candidates(encoder, flat, texts, examples, 5, show_progress=False)[1]
     encoded = dense_candidates(encoder, hnsw, texts, examples, 5, show_progress=False)[1]

@@ -20,9 +20,11 @@ from pydantic import TypeAdapter
 from densekit.encoding.embed import embed_texts
 from densekit.fine_tuning import run_training
 from densekit.models import DenseEncoder
-from densekit.models.modules.merge import merged_encoder
+from densekit.models.merge import merged_encoder
+from densekit.models.modules.kind import MODULE_KINDS, ModuleKind
+from densekit.models.modules.kinds.sparse_diff import choose_sparse_indices, sparse_targets
 from densekit.models.modules.module import ModuleError
-from densekit.models.modules.own_kinds import choose_sparse_indices, sparse_targets
+from densekit.models.modules.peft_kind import PeftKind
 from densekit.models.modules.specs import ModuleSpec
 from densekit.training.checkpoint import load_state, save_state
 
@@ -39,28 +41,35 @@ from .test_training import (
 
 TEXTS = ["question about cats and kittens", "bread flour and an oven", "a text about trains"]
 SPEC = TypeAdapter(ModuleSpec)
-# every kind, and the variants with their own code paths
-KINDS = {
-    "lora": {"type": "lora", "rank": 4},
-    "ia3": {"type": "ia3"},
-    "prefix": {"type": "prefix", "virtual_tokens": 3},
-    "prompt": {"type": "prompt", "virtual_tokens": 3},
-    "adapter": {"type": "adapter", "bottleneck": 8},
+# Settings that keep a kind small on the tiny model; a kind not named here runs with its defaults.
+SMALL = {"lora": {"rank": 4}, "prefix": {"virtual_tokens": 3}, "prompt": {"virtual_tokens": 3},
+         "adapter": {"bottleneck": 8}, "sparse_diff": {"density": 0.05}}  # fmt: skip
+# The shared tests' matrix: every registered kind (a kind registered is a kind tested), and the
+# variants with code paths of their own.
+KINDS = {name: {"type": name, **SMALL.get(name, {})} for name in MODULE_KINDS} | {
     "parallel-adapter": {"type": "adapter", "placement": "parallel", "bottleneck": 8},
-    "bitfit": {"type": "bitfit"},
-    "sparse-diff": {"type": "sparse_diff", "density": 0.05},
     "separate-lora": {"type": "lora", "rank": 4, "towers": "separate"},
 }
 QUERY_ONLY = {"query-lora": {"type": "lora", "rank": 4, "towers": "query"},
               "query-adapter": {"type": "adapter", "bottleneck": 8, "towers": "query"}}  # fmt: skip
 # a variant only merging tests: densekit's own kind folded into each of two towers
 SEPARATE_BITFIT = {"separate-bitfit": {"type": "bitfit", "towers": "separate"}}
+CASES = {**KINDS, **QUERY_ONLY, **SEPARATE_BITFIT}
+
+
+def kind_of_case(case: str) -> ModuleKind:
+    return MODULE_KINDS[CASES[case]["type"]]
+
+
 # kinds whose added output is zero until trained (prefix and prompt tuning add inputs instead)
-ZERO_AT_START = ["lora", "ia3", "adapter", "parallel-adapter", "bitfit", "sparse-diff", "separate-lora"]
+ZERO_AT_START = [case for case in KINDS if kind_of_case(case).starts_as_base]
+MERGEABLE = [case for case in {**KINDS, **SEPARATE_BITFIT} if kind_of_case(case).mergeable]
+NOT_MERGEABLE = [name for name, kind in MODULE_KINDS.items() if not kind.mergeable]
+PEFT_KINDS = [name for name, kind in MODULE_KINDS.items() if isinstance(kind, PeftKind)]
 
 
 def spec_of(kind: str, name: str | None = None):
-    return SPEC.validate_python({**{**KINDS, **QUERY_ONLY, **SEPARATE_BITFIT}[kind], "name": name or kind})
+    return SPEC.validate_python({**CASES[kind], "name": name or kind})
 
 
 def embeddings(encoder: DenseEncoder, kind: str = "passage") -> np.ndarray:
@@ -73,7 +82,7 @@ def put_module(encoder: DenseEncoder, kind: str, name: str | None = None, seed: 
     torch.manual_seed(seed)
     spec = spec_of(kind, name)
     indices = None
-    if spec.type == "sparse_diff":
+    if kind_of_case(kind).positions_from_gradients:
         generator = torch.Generator().manual_seed(seed)
         scores = {
             n: torch.rand(w.shape, generator=generator)
@@ -99,7 +108,7 @@ def test_a_module_with_zero_output_gives_exactly_the_bases_embeddings(encoder: D
     base = embeddings(encoder)
     spec = spec_of(kind)
     indices = None
-    if spec.type == "sparse_diff":
+    if kind_of_case(kind).positions_from_gradients:
         targets = sparse_targets(encoder.query_backbone, spec)
         indices = {"query": choose_sparse_indices({n: w.abs() for n, w in targets.items()}, spec.density)}
     encoder.new_module(spec, indices)
@@ -135,7 +144,7 @@ def test_save_then_load_gives_the_same_embeddings_and_the_base_stays_bit_identic
     assert np.array_equal(embeddings(loaded, "query"), embeddings(encoder, "query"))
     size = sum(p.stat().st_size for p in (tmp_path / "module").rglob("*") if p.is_file())
     assert size < 200_000  # the module alone, not the base (about 300 kB here)
-    if kind == "sparse-diff":  # positions in 32 bits: a third of the folder saved
+    if CASES[kind]["type"] == "sparse_diff":  # positions in 32 bits: a third of the folder saved
         saved = safetensors.torch.load_file(str(tmp_path / "module" / "module.safetensors"))
         assert {t.dtype for name, t in saved.items() if name.endswith("indices")} == {torch.int32}
     state = encoder.query_backbone.state_dict()
@@ -208,16 +217,29 @@ def test_a_module_whose_files_changed_is_refused(encoder: DenseEncoder, tmp_path
         DenseEncoder.load(tmp_path / "module")
 
 
-def test_merged_modules_equal_the_unmerged_module(encoder: DenseEncoder, tmp_path: Path):
+@pytest.mark.parametrize("kind", MERGEABLE)
+def test_merged_modules_equal_the_unmerged_module(encoder: DenseEncoder, kind: str):
+    put_module(encoder, kind)
+    live = embeddings(encoder)
+    merged = merged_encoder(encoder)
+    assert np.abs(embeddings(merged.eval()) - live).max() < 1e-5
+    assert np.abs(embeddings(merged, "query") - embeddings(encoder, "query")).max() < 1e-5
+
+
+@pytest.mark.parametrize("kind", NOT_MERGEABLE)
+def test_a_module_that_does_not_fold_is_refused_naming_the_kinds_that_do(encoder: DenseEncoder, kind: str):
+    put_module(encoder, kind)
+    folding = ", ".join(name for name, other in MODULE_KINDS.items() if other.mergeable)
+    with pytest.raises(ValueError, match=rf"is {kind}; only {folding} fold into the weights"):
+        merged_encoder(encoder)
+
+
+def test_a_merged_lora_folder_loads_in_sentence_transformers_with_the_modules_embeddings(
+    encoder: DenseEncoder, tmp_path: Path
+):
     from sentence_transformers import SentenceTransformer
 
-    for kind in ["lora", "ia3", "separate-lora", "bitfit", "sparse-diff", "separate-bitfit"]:
-        put_module(encoder, kind)
-        live = embeddings(encoder)
-        merged = merged_encoder(encoder)
-        assert np.abs(embeddings(merged.eval()) - live).max() < 1e-5
-        assert np.abs(embeddings(merged, "query") - embeddings(encoder, "query")).max() < 1e-5
-    encoder.activate("lora")
+    put_module(encoder, "lora")
     encoder.save(tmp_path / "module")
     subprocess.run(
         [sys.executable, "-m", "densekit", "modules", "merge", tmp_path / "module", "-o", tmp_path / "full"],
@@ -225,12 +247,9 @@ def test_merged_modules_equal_the_unmerged_module(encoder: DenseEncoder, tmp_pat
     )  # fmt: skip
     theirs = SentenceTransformer(str(tmp_path / "full"), device="cpu").encode(TEXTS, convert_to_numpy=True)
     assert np.abs(theirs - embeddings(encoder)).max() < 1e-5
-    encoder.activate("adapter") if "adapter" in encoder.attached else put_module(encoder, "adapter")
-    with pytest.raises(ValueError, match=r"only lora, ia3, bitfit, sparse_diff fold"):
-        merged_encoder(encoder)
 
 
-@pytest.mark.parametrize("kind", ["lora", "ia3", "prefix", "prompt"])
+@pytest.mark.parametrize("kind", PEFT_KINDS)
 def test_peft_itself_loads_a_peft_kind_module_folder_to_the_same_states(
     encoder: DenseEncoder, kind: str, tmp_path: Path
 ):
@@ -245,7 +264,7 @@ def test_peft_itself_loads_a_peft_kind_module_folder_to_the_same_states(
     with torch.no_grad():
         theirs = model(**batch).last_hidden_state
         ours = encoder.module.passage_tower(batch["input_ids"], batch["attention_mask"])
-    virtual = KINDS[kind].get("virtual_tokens", 0) if kind == "prompt" else 0
+    virtual = MODULE_KINDS[kind].output_virtual_tokens(spec_of(kind))
     assert torch.allclose(theirs[:, virtual:], ours, atol=1e-6)
 
 
@@ -307,7 +326,7 @@ def test_two_processes_train_a_module_like_one(collection, still_model: Path, tm
     assert max_difference(two, gradients(single.encoder)) < 1e-10
 
 
-@pytest.mark.parametrize("kind", ["lora", "sparse-diff"])
+@pytest.mark.parametrize("kind", list(MODULE_KINDS))
 def test_a_killed_module_run_resumes_to_the_same_module(
     collection, tiny_model: Path, tmp_path: Path, monkeypatch, kind: str
 ):
@@ -426,3 +445,25 @@ def test_an_index_made_with_a_module_is_searched_only_with_that_module(
     assert alone.returncode == 2 and not (tmp_path / "alone.trec").exists()
     base_alone = "built with module 'first', and this encoder encodes passages with the base model alone"
     assert base_alone in alone.stderr
+
+
+def _cases_of(test) -> set[str]:
+    """The kinds a parametrised test runs (its cases' types)."""
+    (mark,) = [mark for mark in test.pytestmark if mark.name == "parametrize"]
+    return {CASES[case]["type"] if case in CASES else case for case in mark.args[1]}
+
+
+def test_every_registered_kind_runs_through_the_shared_equivalence_tests():
+    assert set(MODULE_KINDS) >= {"lora", "ia3", "prefix", "prompt", "adapter", "bitfit", "sparse_diff"}
+    saved = _cases_of(test_save_then_load_gives_the_same_embeddings_and_the_base_stays_bit_identical)
+    trained = _cases_of(test_training_changes_only_the_module)
+    resumed = _cases_of(test_a_killed_module_run_resumes_to_the_same_module)
+    zero = _cases_of(test_a_module_with_zero_output_gives_exactly_the_bases_embeddings)
+    merged = _cases_of(test_merged_modules_equal_the_unmerged_module)
+    refused = _cases_of(test_a_module_that_does_not_fold_is_refused_naming_the_kinds_that_do)
+    peft_loads = _cases_of(test_peft_itself_loads_a_peft_kind_module_folder_to_the_same_states)
+    for name, kind in MODULE_KINDS.items():
+        assert name in saved and name in trained and name in resumed, name
+        assert (name in zero) == kind.starts_as_base, name
+        assert (name in merged) == kind.mergeable and (name in refused) != kind.mergeable, name
+        assert (name in peft_loads) == isinstance(kind, PeftKind), name

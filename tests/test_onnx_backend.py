@@ -18,7 +18,7 @@ from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation.benchmark import run_benchmark
 from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
-from densekit.models.modules.specs import LoraSpec
+from densekit.models.modules.kinds.lora import LoraSpec
 from densekit.recipes.steps import EncodeStep
 from densekit.training.passage_vectors import load_passage_vectors
 

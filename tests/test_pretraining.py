@@ -9,6 +9,7 @@ import logging.handlers
 import os
 import shutil
 import socket
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +27,11 @@ from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.base import PretrainTask
-from densekit.pretraining.config import PretrainConfig
+from densekit.pretraining.config import Method, PretrainConfig
 from densekit.pretraining.corpus import read_texts, tokenize_corpus
 from densekit.pretraining.masking import IGNORE, decoder_visibility, sample_span_pair, whole_word_mask
 from densekit.pretraining.run import run_pretraining
-from densekit.pretraining.tasks import make_task
+from densekit.pretraining.tasks import TASKS, make_task
 from densekit.training import distributed
 from densekit.training.sampling import global_batch_rows
 
@@ -442,7 +443,7 @@ def test_retromae_basic_decoding_masks_the_text_again_and_predicts_those_tokens(
     assert abs(report["loss_decoder"] - decoder_loss) < 1e-9
 
 
-@pytest.mark.parametrize("method", ["mlm", "condenser", "cocondenser", "retromae"])
+@pytest.mark.parametrize("method", list(TASKS))
 def test_each_method_exports_its_backbone_alone_with_cls_pooling(
     corpus_file: Path, still_model: Path, tmp_path: Path, method: str
 ):
@@ -629,10 +630,13 @@ def test_weights_the_objective_needs_are_named_when_missing(
     ]
 
 
-def test_pretraining_resumes_exactly(corpus_file: Path, tiny_model: Path, tmp_path: Path, monkeypatch):
+@pytest.mark.parametrize("method", list(TASKS))
+def test_pretraining_resumes_exactly(
+    corpus_file: Path, tiny_model: Path, tmp_path: Path, monkeypatch, method: str
+):
     from densekit.training.trainer import Trainer
 
-    config = make_config(corpus_file, tiny_model, "condenser")
+    config = make_config(corpus_file, tiny_model, method)
     run_pretraining(config, tmp_path / "straight", show_progress=False)
     real = Trainer._one_step
 
@@ -707,3 +711,11 @@ def test_an_export_loads_as_an_encoder_without_a_report_of_its_absent_pooler(
     with caplog.at_level(logging.INFO, logger="densekit"):
         DenseEncoder.load(bare)
     assert "lacks weights; they start from random values: encoder.layer.0.output.dense.bias" in caplog.text
+
+
+def test_every_pretraining_method_is_a_registered_task_run_through_the_shared_tests():
+    assert set(typing.get_args(Method)) == set(TASKS)
+    shared = (test_each_method_exports_its_backbone_alone_with_cls_pooling, test_pretraining_resumes_exactly)
+    for test in shared:
+        (mark,) = [mark for mark in test.pytestmark if mark.name == "parametrize"]
+        assert set(mark.args[1]) == set(TASKS), test.__name__

@@ -208,8 +208,8 @@ def test_corpus_modules_and_a_route_trained_on_their_pseudo_queries_load_and_sea
     from densekit.fine_tuning import run_training
     from densekit.index import SearchIndex
     from densekit.models.encoder import DenseEncoder
-    from densekit.models.modules.route import Route
     from densekit.recipes.runner import load_recipe, run_recipe
+    from densekit.routing.route import Route
 
     from .test_modules import put_module
     from .test_training import make_config

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from densekit.data import Dataset
+from densekit.evaluation.in_memory import evaluate_encoder
 from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 from densekit.quickstart import KNOWN_COLLECTIONS, collection_digest, run_quickstart
-from densekit.retrieval.in_memory import evaluate_encoder
 
 from .conftest import shared_collection
 from .test_outputs import cli

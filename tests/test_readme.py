@@ -16,6 +16,6 @@ def readme_commands() -> list[str]:
 def test_ci_runs_the_readme_test_command():
     quickstart, tests = readme_commands()
     assert quickstart.endswith("densekit quickstart")
-    assert "pytest" in tests
+    assert "pytest" in tests and "ruff check" in tests and "lint-imports" in tests
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert tests in ci_lines

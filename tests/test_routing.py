@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from densekit.encoding.embed import embed_texts
 from densekit.models import DenseEncoder
-from densekit.models.modules.averaging import average_modules
-from densekit.models.modules.merge import merged_encoder
-from densekit.models.modules.route import Route
-from densekit.models.modules.routing import (
+from densekit.models.averaging import average_modules
+from densekit.models.merge import merged_encoder
+from densekit.routing.route import Route
+from densekit.routing.strategies import (
+    STRATEGIES,
     Router,
     RouteSpec,
     check_query_only,
@@ -24,7 +26,7 @@ from densekit.models.modules.routing import (
 )
 from densekit.training.modules import prepare_route
 
-from .test_modules import TEXTS, embeddings, put_module
+from .test_modules import TEXTS, embeddings, put_module, spec_of
 
 QUERIES = [*TEXTS, "moon orbit and planets", "a doctor in a hospital"]
 
@@ -262,8 +264,25 @@ def test_a_retriever_with_a_fixed_route_searches_the_base_index_with_the_domains
         Retriever(encoder, other, route=route)
 
 
+# What each strategy needs of a route over modules a, b and c; a strategy not named needs nothing. The
+# shared tests run every registered strategy (the registry is their matrix).
+NEEDS = {"fixed": {"domains": {"x": "a", "y": "b", "z": "c"}}, "top_k": {"k": 2}}
+TRAINING_NEEDS = {"top_k": {"k": 1}}  # a router trained over the two modules of `module_folders`
+TRAINABLE = [name for name, strategy in STRATEGIES.items() if strategy.trainable]
+
+
+def route_of(encoder: DenseEncoder, strategy: str) -> Route:
+    return Route(encoder, RouteSpec(type=strategy, modules=["a", "b", "c"], **NEEDS.get(strategy, {})))
+
+
+def domains_for(route: Route) -> list[str] | None:
+    """Each query's domain where the route's strategy routes by domain."""
+    return [["x", "y", "z"][i % 3] for i in range(len(QUERIES))] if route.strategy.takes_domains else None
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_a_saved_route_loads_to_the_same_routed_vectors_and_refuses_a_changed_module(
-    encoder: DenseEncoder, tmp_path: Path
+    encoder: DenseEncoder, tmp_path: Path, strategy: str
 ):
     folders = {}
     for name in "abc":
@@ -272,16 +291,29 @@ def test_a_saved_route_loads_to_the_same_routed_vectors_and_refuses_a_changed_mo
         folders[name] = tmp_path / name
     encoder.activate(None)
     torch.manual_seed(0)
-    route = Route(encoder, RouteSpec(type="top_k", modules=["a", "b", "c"], k=2))
+    route = route_of(encoder, strategy)
     route.save(tmp_path / "route", folders)
     loaded = Route.load(tmp_path / "route")
-    assert np.array_equal(loaded.encode_queries(QUERIES), route.encode_queries(QUERIES))
+    domains = domains_for(route)
+    assert np.array_equal(loaded.encode_queries(QUERIES, domains), route.encode_queries(QUERIES, domains))
     assert loaded.fingerprint() == route.fingerprint()
 
     put_module(encoder, "query-lora", "b", seed=7)  # module b changes and is saved in its folder again
     encoder.save(tmp_path / "b")
     with pytest.raises(ValueError, match=r"module 'b' .* changed since the route was made"):
         Route.load(tmp_path / "route")
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_route_over_modules_that_add_nothing_gives_the_bases_vectors(tiny_model: Path, strategy: str):
+    encoder = DenseEncoder.load(tiny_model, pooling="mean", normalize=True).eval()
+    for name in "abc":
+        encoder.new_module(spec_of("query-lora", name))  # fresh: LoRA's B is zero
+    encoder.activate(None)
+    torch.manual_seed(0)
+    route = route_of(encoder, strategy)
+    base = embed_texts(encoder, QUERIES, "query")
+    assert np.allclose(route.encode_queries(QUERIES, domains_for(route)), base, atol=1e-6)
 
 
 @pytest.fixture
@@ -296,7 +328,7 @@ def module_folders(tiny_model: Path, tmp_path: Path) -> dict[str, str]:
     return folders
 
 
-@pytest.mark.parametrize("route_type", ["top_k", "fusion"])
+@pytest.mark.parametrize("route_type", TRAINABLE)
 def test_training_a_router_changes_only_the_router_and_saves_a_route_that_loads(
     collection, tiny_model: Path, module_folders: dict[str, str], tmp_path: Path, route_type: str
 ):
@@ -304,7 +336,7 @@ def test_training_a_router_changes_only_the_router_and_saves_a_route_that_loads(
 
     from .test_training import make_config
 
-    section = {"type": route_type, "modules": module_folders, **({"k": 1} if route_type == "top_k" else {})}
+    section = {"type": route_type, "modules": module_folders, **TRAINING_NEEDS.get(route_type, {})}
     config = make_config(collection, tiny_model, route=section, optim={"learning_rate": 5e-2})
     torch.manual_seed(0)
     run_training(config, tmp_path / "run", show_progress=False)
@@ -316,13 +348,49 @@ def test_training_a_router_changes_only_the_router_and_saves_a_route_that_loads(
     start = prepare_route(DenseEncoder.load(tiny_model, pooling="mean"), config.route).router.state_dict()
     trained = route.router.state_dict()
     assert all(not torch.equal(trained[k], v) for k, v in start.items())
-    figures = {"route_entropy"} | ({"loss_balance"} if route_type == "top_k" else set())
+    figures = {"route_entropy"} | ({"loss_balance"} if STRATEGIES[route_type].balanced else set())
     rows = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").open()]
     assert all(figures <= row.keys() for row in rows if "loss" in row)
     inputs = query_inputs(route.encoder)
     assert np.allclose(route.encode_queries(QUERIES), embed_like(route, inputs), atol=1e-6)
     with pytest.raises(ValueError, match="not modules and route"):
         make_config(collection, tiny_model, route={"modules": module_folders}, modules={"type": "lora"})
+
+
+@pytest.mark.parametrize("strategy", TRAINABLE)
+def test_a_killed_router_run_resumes_to_the_same_route(
+    collection, tiny_model: Path, module_folders: dict[str, str], tmp_path: Path, monkeypatch, strategy: str
+):
+    from densekit.fine_tuning import run_training
+
+    from .test_training import killed_at_step_five, make_config
+
+    section = {"type": strategy, "modules": module_folders, **TRAINING_NEEDS.get(strategy, {})}
+    config = make_config(collection, tiny_model, route=section, optim={"learning_rate": 5e-2})
+    run_training(config, tmp_path / "straight", show_progress=False)
+    killed_at_step_five(monkeypatch, config, tmp_path / "resumed")
+    run_training(config, tmp_path / "resumed", resume=True, show_progress=False)
+    straight = Route.load(tmp_path / "straight" / "model")
+    assert Route.load(tmp_path / "resumed" / "model").fingerprint() == straight.fingerprint()
+    started = Route.load(tmp_path / "straight" / "checkpoints" / "step-00000003" / "model")
+    assert started.fingerprint() != straight.fingerprint()  # the router moved after the checkpoint
+
+
+def _strategies_of(test) -> set[str]:
+    """The strategies a parametrised test runs."""
+    (mark,) = [mark for mark in test.pytestmark if mark.name == "parametrize"]
+    return set(mark.args[1])
+
+
+def test_every_registered_strategy_runs_through_the_shared_equivalence_tests():
+    assert set(STRATEGIES) >= {"fixed", "soft", "top_k", "fusion"}
+    saved = _strategies_of(test_a_saved_route_loads_to_the_same_routed_vectors_and_refuses_a_changed_module)
+    zero = _strategies_of(test_a_route_over_modules_that_add_nothing_gives_the_bases_vectors)
+    trained = _strategies_of(test_training_a_router_changes_only_the_router_and_saves_a_route_that_loads)
+    resumed = _strategies_of(test_a_killed_router_run_resumes_to_the_same_route)
+    for name, strategy in STRATEGIES.items():
+        assert name in saved and name in zero, name
+        assert (name in trained) == strategy.trainable and (name in resumed) == strategy.trainable, name
 
 
 def test_router_gradients_with_grad_cache_equal_the_full_batchs(
@@ -561,8 +629,8 @@ def test_the_service_routes_a_requests_queries_by_its_domain(
 def test_a_fresh_hypernetworks_modules_are_the_base_and_a_generated_module_is_an_ordinary_one(
     encoder: DenseEncoder, tmp_path: Path
 ):
-    from densekit.models.modules.hypernetwork import HyperSpec, LoraHypernetwork
-    from densekit.models.modules.specs import LoraSpec
+    from densekit.models.modules.kinds.lora import LoraSpec
+    from densekit.routing.hypernetwork import HyperSpec, LoraHypernetwork
 
     torch.manual_seed(0)
     network = LoraHypernetwork(encoder, HyperSpec(lora=LoraSpec(rank=4, towers="query"), domains=["x", "y"]))
@@ -589,7 +657,7 @@ def test_training_a_hypernetwork_changes_only_it_and_saves_one_that_loads(
 ):
     from densekit.data.examples import read_examples, write_examples
     from densekit.fine_tuning import run_training
-    from densekit.models.modules.hypernetwork import LoraHypernetwork
+    from densekit.routing.hypernetwork import LoraHypernetwork
 
     from .test_training import make_config
 
@@ -626,7 +694,7 @@ def test_a_new_domain_fits_only_its_embedding_and_its_generated_module_is_writte
     from densekit.cli.main import app
     from densekit.data.examples import read_examples, write_examples
     from densekit.fine_tuning import run_training
-    from densekit.models.modules.hypernetwork import LoraHypernetwork
+    from densekit.routing.hypernetwork import LoraHypernetwork
 
     from .test_training import make_config
 
@@ -670,8 +738,8 @@ def test_a_new_domain_fits_only_its_embedding_and_its_generated_module_is_writte
 
 
 def test_the_multi_domain_recipe_runs_end_to_end_on_tiny_collections(tiny_st_model: Path, tmp_path: Path):
-    from densekit.models.modules.hypernetwork import LoraHypernetwork
     from densekit.recipes.runner import run_recipe
+    from densekit.routing.hypernetwork import LoraHypernetwork
 
     from .conftest import CORPUS, QRELS, QUERIES, write_beir
     from .training_fixtures import write_training_collection
@@ -718,7 +786,8 @@ def test_the_multi_domain_recipe_runs_end_to_end_on_tiny_collections(tiny_st_mod
 
 
 def test_settings_a_route_would_ignore_are_refused(collection, tiny_model: Path, encoder: DenseEncoder):
-    from densekit.cli.options import load_route
+    from densekit.cli.options import load_model
+    from densekit.models.config import EncoderOptions
 
     from .test_training import make_config
 
@@ -731,7 +800,7 @@ def test_settings_a_route_would_ignore_are_refused(collection, tiny_model: Path,
         make_config(
             collection, tiny_model, route={"type": "fusion", "modules": folders, "load_balancing": 0.1}
         )
-    with pytest.raises(ValueError, match=r"route\.k applies to top_k"):
+    with pytest.raises(ValueError, match="k applies to a top_k route, not to a soft one"):
         make_config(collection, tiny_model, route={"type": "soft", "modules": folders, "k": 1})
     with pytest.raises(ValueError, match=r"eval\.split with hypernetwork"):
         make_config(
@@ -743,7 +812,7 @@ def test_settings_a_route_would_ignore_are_refused(collection, tiny_model: Path,
     with pytest.raises(ValueError, match="domains apply to a fixed one"):
         soft.encode_queries(QUERIES, ["x"] * len(QUERIES))
     with pytest.raises(ValueError, match="--domain chooses a module through a route"):
-        load_route(str(tiny_model), "cpu", None, "x")
+        load_model(str(tiny_model), "cpu", EncoderOptions(), "x")
 
 
 def test_a_routes_queries_are_encoded_at_the_precision_asked(encoder: DenseEncoder, beir_dir: Path):

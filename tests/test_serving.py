@@ -386,7 +386,7 @@ def test_serve_refuses_a_precision_its_backend_lacks(served, capsys):
 
 
 def test_serve_picks_bf16_only_where_the_cpu_computes_it(served, tmp_path: Path):
-    from densekit.encoding.device import fastest_precision
+    from densekit.device import fastest_precision
 
     cpu = torch.device("cpu")
     assert fastest_precision(cpu, {"avx2", "avx512f", "avx512_bf16"})[0] == "bf16"

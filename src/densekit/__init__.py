@@ -1,6 +1,6 @@
 """densekit: train, index, evaluate and serve dense text retrievers."""
 
 from densekit.client import Client
+from densekit.version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["Client"]
+__all__ = ["Client", "__version__"]

@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
+from densekit.errors import DensekitError
 from densekit.retrieval.hit import Hit
 
 RETRIED = (429, 503)  # overload and request timeout: the service says when to come back
@@ -24,7 +25,7 @@ _DETAIL_CHARS = 300  # of a reason the service gave, in a `ServiceError`
 _TOKEN = re.compile(r"[\x20-\x7e]+")  # what an HTTP header carries as it is: printable ASCII
 
 
-class ServiceError(RuntimeError):
+class ServiceError(DensekitError, RuntimeError):
     """A request the service refused or failed: its status code (0 where no answer came: the service
     could not be reached, or the URL is not one) and the reason, on one line."""
 

@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from densekit.diagnostics import DataError, Problem
+from densekit.errors import DensekitError
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 Key = tuple[str, ...]
@@ -33,7 +34,7 @@ MAX_YAML_DEPTH = 100
 MAX_YAML_ALIASES = 1_000
 
 
-class YamlProblem(Exception):
+class YamlProblem(DensekitError):
     """What is wrong with a YAML text, at a line (from 1) or none."""
 
     def __init__(self, line: int | None, message: str):

@@ -1,5 +1,5 @@
 """Problems found in input files, each naming the file, the line and what is wrong (every package
-reports through these, so this module depends on none of them)."""
+reports through these, so this module depends on none of them but the errors' root)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from densekit.errors import DensekitError
 
 log = logging.getLogger("densekit")
 
@@ -27,8 +29,8 @@ class Problem:
         return f"{where}: {self.severity}: {self.message}"
 
 
-class DataError(ValueError):
-    """Raised for input that cannot be read as asked; carries every error found."""
+class DataError(DensekitError, ValueError):
+    """Raised for input that cannot be read as asked; carries every error found, one a line."""
 
     def __init__(self, problems: list[Problem]):
         self.problems = problems

@@ -13,10 +13,10 @@ from densekit.data.dataset import Dataset
 from densekit.data.examples import TrainingExample, check_example_ids, read_examples
 from densekit.data.records import Document
 from densekit.diagnostics import Diagnostics
+from densekit.evaluation.in_memory import evaluate_encoder
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.module import is_module_folder
-from densekit.retrieval.in_memory import evaluate_encoder
 from densekit.training.config import CrossEncoderTrainConfig, DataSection, TrainConfig
 from densekit.training.contrastive import ContrastiveTask
 from densekit.training.listwise import CrossEncoderTask

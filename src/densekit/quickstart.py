@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from densekit.data.dataset import Dataset
-from densekit.encoding.device import resolve_device
+from densekit.device import resolve_device
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND
 from densekit.evaluation.benchmark import benchmark_collection
 from densekit.io.artefact import write_folder_manifest

@@ -23,12 +23,12 @@ from densekit.io.artefact import MANIFEST, read_manifest
 from densekit.io.fingerprint import file_digest
 from densekit.models import DenseEncoder
 from densekit.models.cross_encoder import CrossEncoder
-from densekit.models.modules.hypernetwork import HyperSpec, LoraHypernetwork
+from densekit.models.modules.kinds.sparse_diff import choose_sparse_indices, sparse_targets
 from densekit.models.modules.module import ModuleError
-from densekit.models.modules.own_kinds import choose_sparse_indices, sparse_targets
-from densekit.models.modules.route import Route
-from densekit.models.modules.routing import RouteSpec
 from densekit.models.modules.specs import ModuleSpec
+from densekit.routing.hypernetwork import HyperSpec, LoraHypernetwork
+from densekit.routing.route import Route
+from densekit.routing.strategies import RouteSpec
 
 from ..conftest import write_beir
 from ..test_index import fake_store
@@ -122,7 +122,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[
 
 
 def _two_modules(folders: dict[str, Path]) -> tuple[DenseEncoder, list[str]]:
-    from densekit.models.modules.route import load_modules
+    from densekit.routing.route import load_modules
 
     return load_modules([folders["q"], folders["ad"]])
 

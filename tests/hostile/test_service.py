@@ -22,10 +22,10 @@ from fastapi.testclient import TestClient
 from densekit.encoding.embed import embed_texts
 from densekit.index import SearchIndex
 from densekit.models import DenseEncoder
-from densekit.models.modules.route import Route
-from densekit.models.modules.routing import RouteSpec
 from densekit.retrieval.documents import store_path
 from densekit.retrieval.retriever import Retriever
+from densekit.routing.route import Route
+from densekit.routing.strategies import RouteSpec
 from densekit.serving.app import Limits, create_app
 
 from ..conftest import CORPUS, QUERIES

@@ -19,7 +19,7 @@ import torch
 from densekit.ance.versions import NegativeVersions
 from densekit.configuration import load_config
 from densekit.data.dataset import Dataset
-from densekit.encoding.device import resolve_device
+from densekit.device import resolve_device
 from densekit.mining.filters import choose_negatives
 from densekit.mining.mine import dense_candidates
 from densekit.models.encoder import DenseEncoder

@@ -23,14 +23,14 @@ from densekit.cli.options import (
     PrecisionOpt,
     ProgressOpt,
     SplitOpt,
-    load_encoder,
-    load_route,
+    load_model,
 )
 from densekit.data.trec import RUN_KIND, read_qrels, read_run, write_run
 from densekit.diagnostics import Diagnostics
 from densekit.evaluation.measures import SCORES_KIND, parse_measures
 from densekit.io.outputs import check_file_output, command_identity, write_output_text
 from densekit.limits import DEFAULT_TRIALS, MAX_RUN_DEPTH, MAX_TRIALS
+from densekit.models.config import EncoderOptions
 from densekit.plots import PLOT_KIND
 
 log = logging.getLogger("densekit")
@@ -105,11 +105,8 @@ def benchmark(
 
     measures = measure or ["nDCG@10", "R@100"]
     parse_measures(measures)
-    route = load_route(model, device, module, domain, backend=None if backend == "torch" else backend)
-    if route is not None:
-        encoder = route.encoder
-    else:
-        encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
+    given_backend = None if backend == "torch" else backend
+    encoder, route = load_model(model, device, EncoderOptions(module=module), domain, backend=given_backend)
     torch_precision = use_backend(encoder, backend, precision)
     result = run_benchmark(
         encoder, name or _model_label(model, module), data_dirs, output, split, measures, k, batch_size,
@@ -261,7 +258,7 @@ def diagnose_negatives_command(
     for path, kind in ((json_file, SCORES_KIND), (plot, PLOT_KIND)):
         if path is not None:
             check_file_output(path, kind, inputs, identity, overwrite)
-    encoder = load_encoder(model, device, None, None, None, None, None, None, False, module)
+    encoder, _ = load_model(model, device, EncoderOptions(module=module))
     searcher = SearchIndex.load(index_dir)
     reports = [
         replace(diagnose_negatives(path, encoder, searcher, depth, batch_size, progress), name=name)

@@ -11,23 +11,18 @@ import typer
 from densekit.cli.options import (
     DataDirArg,
     ModelArg,
-    ModuleOpt,
-    NormalizeOpt,
     OverwriteOpt,
-    PassageLengthOpt,
-    PassagePrefixOpt,
-    PoolingOpt,
     ProgressOpt,
-    QueryLengthOpt,
-    QueryPrefixOpt,
-    RemoteCodeOpt,
-    load_encoder,
+    load_model,
+    with_encoder_options,
 )
 from densekit.data.dataset import Dataset
+from densekit.models.config import EncoderOptions
 
 log = logging.getLogger("densekit")
 
 
+@with_encoder_options
 def import_embeddings(
     model: ModelArg,
     data_dir: DataDirArg,
@@ -39,14 +34,7 @@ def import_embeddings(
         Path | None,
         typer.Option("--ids", help="The rows' document ids, one a line (default: the corpus's order)."),
     ] = None,
-    pooling: PoolingOpt = None,
-    normalize: NormalizeOpt = None,
-    query_max_length: QueryLengthOpt = None,
-    passage_max_length: PassageLengthOpt = None,
-    query_prefix: QueryPrefixOpt = None,
-    passage_prefix: PassagePrefixOpt = None,
-    module: ModuleOpt = None,
-    trust_remote_code: RemoteCodeOpt = False,
+    encoder_options: EncoderOptions = EncoderOptions(),
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
@@ -56,10 +44,7 @@ def import_embeddings(
     """
     from densekit.encoding.imported import import_embeddings as run_import
 
-    encoder = load_encoder(
-        model, "cpu", pooling, normalize, query_max_length, passage_max_length,
-        query_prefix, passage_prefix, trust_remote_code, module,
-    )  # fmt: skip
+    encoder, _ = load_model(model, "cpu", encoder_options)
     run_import(encoder, Dataset.open(data_dir), vectors, output, ids, overwrite, progress)
     log.info("wrote %s", output)
 

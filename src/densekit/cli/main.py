@@ -22,6 +22,7 @@ from densekit.cli import (
     train_commands,
 )
 from densekit.diagnostics import DataError
+from densekit.errors import DensekitError
 from densekit.progress import stderr_console
 
 app = typer.Typer(
@@ -64,13 +65,14 @@ serve_command.register(app)
 
 
 def main() -> None:
-    """Run the command line, turning input errors into a message and exit status 2."""
+    """Run the command line, turning densekit's errors (`DensekitError`) and the libraries' refusals of
+    bad input (ValueError, RuntimeError, OSError) into a message and exit status 2."""
     try:
         app()
     except DataError as err:  # each problem line already says "error"
         stderr_console.print(f"[red]{escape(str(err))}[/]", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except (ValueError, RuntimeError, OSError) as err:
+    except (DensekitError, ValueError, RuntimeError, OSError) as err:
         stderr_console.print(f"[bold red]error:[/] {escape(_one_line(err))}", highlight=False, soft_wrap=True)
         sys.exit(2)
 

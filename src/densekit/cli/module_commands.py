@@ -23,11 +23,12 @@ def merge(
     output: Annotated[Path, typer.Option("--output", "-o", help="The full model folder to write.")],
     overwrite: OverwriteOpt = False,
 ) -> None:
-    """Fold a LoRA, IA3, BitFit or sparse-difference module into its base: a full model folder that
-    transformers and sentence-transformers load, with the module's embeddings."""
+    """Fold a module into its base: a full model folder that transformers and sentence-transformers load,
+    with the module's embeddings. Kinds that change the base's own weights fold (LoRA, IA3, BitFit, a
+    sparse difference...: docs/modules.md says which); one that adds layers or inputs is refused."""
     from densekit.io.outputs import claim_folder
     from densekit.models.encoder import MODEL_KIND, DenseEncoder
-    from densekit.models.modules.merge import merged_encoder
+    from densekit.models.merge import merged_encoder
 
     encoder = DenseEncoder.load(module)
     merged = merged_encoder(encoder)
@@ -64,7 +65,7 @@ def _check_module_folder(output: Path, encoder, inputs: list[Path], overwrite: b
 
 def _load_modules(folders: list[Path]):
     """Two or more modules on their base (see `load_modules`)."""
-    from densekit.models.modules.route import load_modules
+    from densekit.routing.route import load_modules
 
     if len(folders) < 2:
         raise ValueError("give two or more module folders")
@@ -88,8 +89,8 @@ def route(
     A domain is given once; OUTPUT holding a route of other modules or domains is replaced only with
     --overwrite."""
     from densekit.io.outputs import check_artefact_output
-    from densekit.models.modules.route import ROUTE_KIND, Route
-    from densekit.models.modules.routing import BASE, RouteSpec
+    from densekit.routing.route import ROUTE_KIND, Route
+    from densekit.routing.strategies import BASE, RouteSpec
 
     _check_output(output, modules)
     pairs = {}
@@ -125,7 +126,7 @@ def average(
     """Average modules by their parameters into one module (LoRA: the weighted average of their weight
     changes, exactly; other kinds: of each tensor, same settings only). OUTPUT holding a module of
     other weights is replaced only with --overwrite, and is never one of the modules."""
-    from densekit.models.modules.averaging import average_modules
+    from densekit.models.averaging import average_modules
 
     _check_output(output, modules)
     encoder, names = _load_modules(modules)
@@ -150,7 +151,7 @@ def generate(
     """Write the module a hypernetwork generates for one of its domains: an ordinary LoRA module folder
     (query-only) that every command takes with --module; one of another module is replaced only with
     --overwrite."""
-    from densekit.models.modules.hypernetwork import LoraHypernetwork
+    from densekit.routing.hypernetwork import LoraHypernetwork
 
     _check_output(output, [hypernetwork])
     network = LoraHypernetwork.load(hypernetwork)
@@ -181,11 +182,11 @@ def diagnose(
     from rich.table import Table
 
     from densekit.data.dataset import Dataset
-    from densekit.encoding.device import resolve_device
+    from densekit.device import resolve_device
     from densekit.evaluation.routing import plot_usage, route_usage
     from densekit.io.outputs import check_file_output, command_identity, write_output_text
-    from densekit.models.modules.route import Route
     from densekit.plots import PLOT_KIND
+    from densekit.routing.route import Route
 
     if domain and len(domain) != len(data_dirs):
         raise ValueError(f"{len(domain)} --domain values for {len(data_dirs)} collections")

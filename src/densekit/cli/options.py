@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from densekit.limits import MAX_RUN_DEPTH
-from densekit.models.config import Pooling
+from densekit.models.config import EncoderOptions, Pooling
 
 if TYPE_CHECKING:
     from densekit.models.encoder import DenseEncoder
-    from densekit.models.modules.route import Route
+    from densekit.routing.route import Route
 
 ModelArg = Annotated[
     str, typer.Argument(help="A model folder (Hugging Face, sentence-transformers or densekit) or a hub id.")
@@ -88,58 +91,58 @@ RemoteCodeOpt = Annotated[
 ]
 
 
-def load_encoder(
-    model: str,
-    device: str,
-    pooling: str | None,
-    normalize: bool | None,
-    query_max_length: int | None,
-    passage_max_length: int | None,
-    query_prefix: str | None,
-    passage_prefix: str | None,
-    trust_remote_code: bool,
-    module: Path | None = None,
-) -> DenseEncoder:
-    """Load `model` (with `module` on it) with the command line's overrides and move it to `device`."""
-    from densekit.encoding.device import resolve_device
-    from densekit.models.encoder import DenseEncoder
-
-    encoder = DenseEncoder.load(
-        model,
-        trust_remote_code=trust_remote_code,
-        module=module,
-        pooling=pooling,
-        normalize=normalize,
-        query_max_length=query_max_length,
-        passage_max_length=passage_max_length,
-        query_prefix=query_prefix,
-        passage_prefix=passage_prefix,
-    )
-    return encoder.to(resolve_device(device))
+# The options of `EncoderOptions`, by its field names, in its order.
+_ENCODER_OPTIONS: dict[str, Any] = {
+    "pooling": PoolingOpt, "normalize": NormalizeOpt, "query_max_length": QueryLengthOpt,
+    "passage_max_length": PassageLengthOpt, "query_prefix": QueryPrefixOpt,
+    "passage_prefix": PassagePrefixOpt, "module": ModuleOpt, "trust_remote_code": RemoteCodeOpt,
+}  # fmt: skip
 
 
-def load_route(
-    model: str, device: str, module: Path | None, domain: object, **overrides: object
-) -> Route | None:
-    """The route when `model` is a route folder, else None. A route names its base, modules and settings,
-    so `module` and encoder `overrides` are refused with one; `domain` (a fixed route's) is refused
-    without one."""
-    from densekit.encoding.device import resolve_device
-    from densekit.models.modules.route import Route, is_route_folder
+def with_encoder_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with the options that say how an encoder is loaded (`EncoderOptions`' fields, declared
+    here once) in place of its `encoder_options: EncoderOptions` parameter, which it is then given as
+    one object. typer has no option groups; this is one."""
+    signature = inspect.signature(command, eval_str=True)
+    defaults = EncoderOptions()
+    parameters = []
+    for parameter in signature.parameters.values():
+        if parameter.name != "encoder_options":
+            parameters.append(parameter)
+            continue
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        parameters += [
+            inspect.Parameter(name, kind, default=getattr(defaults, name), annotation=annotation)
+            for name, annotation in _ENCODER_OPTIONS.items()
+        ]
 
-    if not is_route_folder(model):
-        if domain:
-            raise ValueError("--domain chooses a module through a route: give a route folder as MODEL")
-        return None
-    given = [f"--{name.replace('_', '-')}" for name, value in overrides.items() if value is not None]
-    if module is not None or given:
-        named = ", ".join([*(["--module"] if module is not None else []), *given])
-        raise ValueError(
-            f"{model} is a route folder: it names its base, modules and settings; {named} do not apply"
-        )
-    route = Route.load(model, resolve_device(device))
-    check_route_domains(model, route, domain)
-    return route
+    @functools.wraps(command)
+    def run(**given: Any) -> None:
+        options = EncoderOptions(**{name: given.pop(name) for name in _ENCODER_OPTIONS})
+        command(**given, encoder_options=options)
+
+    run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+    return run
+
+
+def load_model(
+    model: str, device: str, options: EncoderOptions, domain: object = None, **command_options: object
+) -> tuple[DenseEncoder, Route | None]:
+    """The encoder MODEL names on `device`, with its route when MODEL is a route folder. A route names its
+    base, modules and settings, so `options` and the command's other options that set how it encodes
+    (`command_options`, None when not given) are refused with one, naming them; `domain` (a fixed
+    route's) is refused without one, and with one when the route does not route it."""
+    from densekit.routing.loading import load_model_or_route
+    from densekit.routing.route import is_route_folder
+
+    if domain and not is_route_folder(model):
+        raise ValueError("--domain chooses a module through a route: give a route folder as MODEL")
+    given = [f"--{name.replace('_', '-')}" for name, value in command_options.items() if value is not None]
+    encoder, route = load_model_or_route(model, device, options, given)
+    if route is not None:
+        check_route_domains(model, route, domain)
+    return encoder, route
 
 
 def check_route_domains(model: str, route: Route, domain: object) -> None:
@@ -147,7 +150,7 @@ def check_route_domains(model: str, route: Route, domain: object) -> None:
     domains, before any work."""
     given = [domain] if isinstance(domain, str) else list(domain or [])  # type: ignore[call-overload]
     spec = route.spec
-    if spec.type != "fixed" or spec.fallback is not None:
+    if not route.strategy.takes_domains or spec.fallback is not None:
         return
     unknown = [name for name in given if name not in spec.domains]
     if unknown:

@@ -17,26 +17,20 @@ from densekit.cli.options import (
     DeviceOpt,
     MmapIndexOpt,
     ModelArg,
-    ModuleOpt,
-    NormalizeOpt,
     OverwriteOpt,
-    PassageLengthOpt,
-    PassagePrefixOpt,
-    PoolingOpt,
     PrecisionOpt,
     ProgressOpt,
-    QueryLengthOpt,
-    QueryPrefixOpt,
     RemoteCodeOpt,
     SplitOpt,
     TorchPrecisionOpt,
-    load_encoder,
-    load_route,
+    load_model,
+    with_encoder_options,
 )
 from densekit.data.dataset import Dataset
 from densekit.data.trec import RUN_KIND, write_run
 from densekit.index.spec import IndexSpec, IndexType, SpecError
 from densekit.io.outputs import check_file_output, command_identity
+from densekit.models.config import EncoderOptions
 
 log = logging.getLogger("densekit")
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Where to write the result.")]
@@ -86,6 +80,7 @@ def bm25(
     log.info("wrote %s (%d queries)", output, len(queries))
 
 
+@with_encoder_options
 def encode(
     model: ModelArg,
     data_dir: DataDirArg,
@@ -104,14 +99,7 @@ def encode(
     maxp_stride: Annotated[
         int | None, typer.Option(min=1, help="MaxP: tokens between passage starts.")
     ] = None,
-    pooling: PoolingOpt = None,
-    normalize: NormalizeOpt = None,
-    query_max_length: QueryLengthOpt = None,
-    passage_max_length: PassageLengthOpt = None,
-    query_prefix: QueryPrefixOpt = None,
-    passage_prefix: PassagePrefixOpt = None,
-    module: ModuleOpt = None,
-    trust_remote_code: RemoteCodeOpt = False,
+    encoder_options: EncoderOptions = EncoderOptions(),
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
@@ -128,10 +116,7 @@ def encode(
     part = Shard.parse(shard)
     if maxp_stride is not None and not maxp:
         raise ValueError("--maxp-stride needs --maxp")
-    encoder = load_encoder(
-        model, device, pooling, normalize, query_max_length, passage_max_length,
-        query_prefix, passage_prefix, trust_remote_code, module,
-    )  # fmt: skip
+    encoder, _ = load_model(model, device, encoder_options)
     torch_precision = use_backend(encoder, backend, precision, ["passage"])
     meta = encode_corpus(
         encoder,
@@ -240,6 +225,7 @@ def index(
     log.info("wrote %s", output)
 
 
+@with_encoder_options
 def search(
     model: ModelArg,
     index_dir: Annotated[Path, typer.Argument(help="A folder written by `densekit index`.")],
@@ -261,20 +247,13 @@ def search(
     nprobe: Annotated[
         int | None, typer.Option(help="IVF: override the saved lists probed.", **_bounds("nprobe"))
     ] = None,
-    pooling: PoolingOpt = None,
-    normalize: NormalizeOpt = None,
-    query_max_length: QueryLengthOpt = None,
-    passage_max_length: PassageLengthOpt = None,
-    query_prefix: QueryPrefixOpt = None,
-    passage_prefix: PassagePrefixOpt = None,
-    module: ModuleOpt = None,
+    encoder_options: EncoderOptions = EncoderOptions(),
     domain: Annotated[
         str | None,
         typer.Option(
             help="The collection's domain, which a fixed route (MODEL a route folder) maps to a module."
         ),
     ] = None,
-    trust_remote_code: RemoteCodeOpt = False,
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
@@ -285,28 +264,17 @@ def search(
     from densekit.index import SearchIndex
     from densekit.retrieval.retriever import Retriever
 
+    module = encoder_options.module
     inputs = [index_dir, data_dir, model, *([module] if module else [])]
     settings = {"split": split, "k": k, "backend": backend, "precision": precision, "ef_search": ef_search,
-                "nprobe": nprobe, "pooling": pooling, "normalize": normalize,
-                "query_max_length": query_max_length, "passage_max_length": passage_max_length,
-                "query_prefix": query_prefix, "passage_prefix": passage_prefix, "domain": domain}  # fmt: skip
+                "nprobe": nprobe, **encoder_options.overrides(), "domain": domain}  # fmt: skip
     identity = command_identity("search", settings, inputs)
     check_file_output(output, RUN_KIND, inputs, identity, overwrite)
     dataset = Dataset.open(data_dir)
     queries, _ = dataset.split_queries(split)
-    route = load_route(
-        model, device, module, domain, pooling=pooling, normalize=normalize,
-        query_max_length=query_max_length, passage_max_length=passage_max_length, query_prefix=query_prefix,
-        passage_prefix=passage_prefix, trust_remote_code=trust_remote_code or None,
-        backend=None if backend == "torch" else backend,
-    )  # fmt: skip
-    if route is not None:
-        encoder = route.encoder
-    else:
-        encoder = load_encoder(
-            model, device, pooling, normalize, query_max_length, passage_max_length,
-            query_prefix, passage_prefix, trust_remote_code, module,
-        )  # fmt: skip
+    encoder, route = load_model(
+        model, device, encoder_options, domain, backend=None if backend == "torch" else backend
+    )
     torch_precision = use_backend(encoder, backend, precision, ["query"])
     searcher = SearchIndex.load(index_dir, gpu=gpu_index, mmap=mmap_index)
     try:
@@ -349,8 +317,8 @@ def rerank(
     """Rerank each query's top DEPTH documents of RUN with a cross-encoder; the documents below keep
     their order. Equal scores keep the run's order."""
     from densekit.data.trec import read_run
+    from densekit.device import autocast, resolve_device
     from densekit.diagnostics import Diagnostics
-    from densekit.encoding.device import autocast, resolve_device
     from densekit.models.cross_encoder import CrossEncoder
     from densekit.retrieval.rerank import rerank_run
 

@@ -265,7 +265,7 @@ def _retrievers(model: str, index_dir: Path, corpus: Path | None, module: Path |
 def _precision(encoder: DenseEncoder, backend: str, precision: str) -> tuple[str, str, str]:
     """Put `encoder` on `backend` at `precision` (auto: the fastest measured to keep quality here), and
     return the precision torch's autocast uses, the precision chosen and why."""
-    from densekit.encoding.device import autocast, fastest_precision
+    from densekit.device import autocast, fastest_precision
     from densekit.encoding.onnx_backend import use_backend
 
     reason = f"--precision {precision}"

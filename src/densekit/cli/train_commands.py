@@ -148,7 +148,7 @@ def mine(
     from rich.console import Console
 
     from densekit.data.dataset import Dataset
-    from densekit.encoding.device import resolve_device
+    from densekit.device import resolve_device
     from densekit.mining.filters import MiningSettings
     from densekit.mining.mine import mine as run_mine
     from densekit.models import DenseEncoder
@@ -216,7 +216,7 @@ def score(
     continues where it stopped when run again with the same arguments.
     """
     from densekit.data.dataset import Dataset
-    from densekit.encoding.device import autocast, resolve_device
+    from densekit.device import autocast, resolve_device
     from densekit.mining.teacher import score_examples
     from densekit.models.cross_encoder import CrossEncoder
 

@@ -20,7 +20,8 @@ from densekit.data.records import Document, Qrels
 from densekit.data.trec import Judgement, check_judged_ids, read_judgements, to_qrels
 from densekit.data.tsv import iter_tsv_corpus, read_tsv_queries
 from densekit.diagnostics import DataError, Diagnostics, Problem
-from densekit.io.fingerprint import digest_of, file_digest, path_fingerprint
+from densekit.io.artefact import path_fingerprint
+from densekit.io.fingerprint import digest_of, file_digest
 
 Layout = Literal["beir", "tsv"]
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from densekit.data.dataset import Dataset
 from densekit.data.records import Document
-from densekit.encoding.device import Precision
+from densekit.device import Precision
 from densekit.encoding.embed import embed_texts
 from densekit.encoding.onnx_backend import with_inference
 from densekit.encoding.passages import MaxPSettings, PassageSplitter

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from densekit.encoding.device import Precision, autocast
+from densekit.device import Precision
+from densekit.inference import infer_in_batches
 from densekit.models.config import TextKind
 from densekit.models.encoder import DenseEncoder
 
@@ -49,30 +50,20 @@ def embed_texts(
     if not texts:
         return output
     token_ids = encoder.tokenize(texts, kind)
-    order = np.argsort([-len(ids) for ids in token_ids], kind="stable")
     device = encoder.device
-    was_training = encoder.training
-    if was_training:  # an encoder already in inference mode is never written, so threads may share it
-        encoder.eval()
-    try:
-        with torch.inference_mode(), autocast(device, precision):
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
-                inputs = encoder.pad([token_ids[i] for i in rows])
-                input_ids, attention_mask = (
-                    inputs["input_ids"].to(device),
-                    inputs["attention_mask"].to(device),
-                )
-                if runtime is not None:
-                    vectors = runtime(input_ids, attention_mask, kind)
-                elif encode is None:
-                    vectors = encoder(input_ids, attention_mask, kind=kind)
-                else:
-                    vectors = encode(input_ids, attention_mask, rows)
-                output[rows] = vectors.float().cpu().numpy()
-                if advance is not None:
-                    advance(len(rows))
-    finally:
-        if was_training:
-            encoder.train()
+
+    def step(rows: np.ndarray) -> None:
+        inputs = encoder.pad([token_ids[i] for i in rows])
+        input_ids, attention_mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
+        if runtime is not None:
+            vectors = runtime(input_ids, attention_mask, kind)
+        elif encode is None:
+            vectors = encoder(input_ids, attention_mask, kind=kind)
+        else:
+            vectors = encode(input_ids, attention_mask, rows)
+        output[rows] = vectors.float().cpu().numpy()
+        if advance is not None:
+            advance(len(rows))
+
+    infer_in_batches(encoder, [len(ids) for ids in token_ids], batch_size, device, precision, step)
     return output

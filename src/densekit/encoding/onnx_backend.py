@@ -23,7 +23,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from densekit.encoding.device import Precision
+from densekit.device import Precision
+from densekit.errors import DensekitError
 from densekit.models.config import TextKind
 from densekit.models.encoder import DenseEncoder
 
@@ -43,7 +44,7 @@ _PROBE = (
 )
 
 
-class ExportError(RuntimeError):
+class ExportError(DensekitError, RuntimeError):
     """An encoder that could not be exported, or whose export disagrees with PyTorch."""
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from densekit.data.lines import count_lines
 from densekit.diagnostics import DataError, Problem
-from densekit.io.artefact import differences, read_manifest
+from densekit.io.artefact import differences, open_artefact
 from densekit.io.atomic import atomic_file, write_text_atomic
 from densekit.io.fingerprint import file_digest
 from densekit.io.npy import iter_row_chunks, read_npy_header
@@ -156,12 +156,7 @@ class EmbeddingStore:
         """Open `folder`, raising `DataError` if it is not densekit's, a part is missing, damaged or
         made by something else than the folder's manifest says."""
         folder = Path(folder)
-        if not folder.is_dir():
-            raise DataError([Problem(folder, None, "embedding folder not found")])
-        manifest = read_manifest(folder)
-        if manifest is None or manifest.kind != KIND:
-            what = "no densekit manifest" if manifest is None else f"it holds {manifest.kind}"
-            raise DataError([Problem(folder, None, f"not an embedding folder of densekit's ({what})")])
+        manifest = open_artefact(folder, KIND, "embedding folder")
         found: dict[int, EmbeddingPart] = {}
         counts = set()
         for meta_file in sorted(folder.iterdir()):

@@ -19,21 +19,22 @@ import numpy as np
 
 from densekit.data.dataset import Dataset
 from densekit.data.trec import RUN_KIND, read_run, write_run
+from densekit.device import Precision
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import embedding_identity, encode_corpus
-from densekit.encoding.device import Precision
 from densekit.encoding.onnx_backend import with_inference
 from densekit.encoding.store import EmbeddingStore, part_stem
 from densekit.evaluation.measures import evaluate, parse_measures
-from densekit.index import IndexSpec, SearchIndex, build_index, faiss_index
+from densekit.index import IndexSpec, SearchIndex, build_index
+from densekit.index.base import index_identity as folder_identity
 from densekit.io.artefact import differences, read_manifest, write_folder_manifest
 from densekit.io.outputs import claim_folder, is_current, write_output_text
 from densekit.models.encoder import DenseEncoder
-from densekit.models.modules.route import Route
 from densekit.plots import pyplot, save_png
 from densekit.retrieval.bm25 import BM25Config, BM25Index
 from densekit.retrieval.dense import check_compatible
 from densekit.retrieval.retriever import Retriever
+from densekit.routing.route import Route
 
 log = logging.getLogger("densekit")
 
@@ -266,7 +267,7 @@ def _encode_and_index(
             encode_corpus(encoder, dataset, embeddings, batch_size=batch_size, precision=precision,
                           show_progress=show_progress, overwrite=overwrite)  # fmt: skip
     store = EmbeddingStore.open(embeddings)
-    index_identity = faiss_index.index_identity(store, spec.resolved(len(store), store.dimension))
+    index_identity = folder_identity(store, spec.resolved(len(store), store.dimension))
     indexed = read_manifest(index_dir) if index_dir.is_dir() else None
     with _stage(
         stages, "index", indexed is not None and not differences(indexed.identity, index_identity)

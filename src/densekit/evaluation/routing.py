@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from densekit.models.modules.route import Route
 from densekit.plots import pyplot, save_png
+from densekit.routing.route import Route
 
 COLLAPSE_SHARE = 0.9
 

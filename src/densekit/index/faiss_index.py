@@ -1,20 +1,15 @@
-"""Building, saving, loading and searching Faiss indexes.
+"""The faiss backend: building, saving, loading and searching Faiss indexes.
 
-An index folder holds `index.faiss`, `ids.txt` (row i's document id), `index.json` (the spec, rows,
-dimension and MaxP settings) and densekit's manifest: the identity of the embeddings it was built
-from (model weights and settings, corpus digest) and of its ids (their digest, in row order), and a
-checksum of each file, checked on load. The ids are checked against the identity too, so that ids
-reordered under a recomputed checksum are refused rather than given to other rows.
-Folders are written atomically and only ever replace an index folder densekit made.
+Its index folder holds `index.faiss` beside what every backend's holds (`densekit.index.base`: the ids,
+`index.json`, the manifest). Folders are written atomically and only ever replace an index folder
+densekit made.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +18,21 @@ import faiss
 import numpy as np
 
 from densekit.data.hits import Hits
-from densekit.data.records import Run
 from densekit.diagnostics import DataError, Problem
-from densekit.encoding.passages import MaxPSettings, best_passage_run
+from densekit.encoding.passages import MaxPSettings
 from densekit.encoding.store import EmbeddingStore
+from densekit.index.base import (
+    IDS_FILE,
+    KIND,
+    META_FILE,
+    SearchIndex,
+    check_finite_rows,
+    index_identity,
+    write_ids,
+)
 from densekit.index.memory import check_fits
 from densekit.index.spec import MAX_TRAINING_POINTS, IndexSpec, SpecError
-from densekit.io.artefact import artefact_dir, check_artefact_dir, read_manifest, verify
+from densekit.io.artefact import artefact_dir, check_artefact_dir
 from densekit.io.fingerprint import write_digested
 from densekit.io.outputs import check_not_input
 from densekit.progress import progress_bar
@@ -37,9 +40,6 @@ from densekit.progress import progress_bar
 log = logging.getLogger("densekit")
 
 INDEX_FILE = "index.faiss"
-IDS_FILE = "ids.txt"
-META_FILE = "index.json"
-KIND = "index"
 _ADD_BATCH = 65536
 _MAX_TRAINING_POINTS = MAX_TRAINING_POINTS
 _WRITE_BLOCK = 4 << 20
@@ -83,7 +83,7 @@ def build_index(
         chosen = _training_sample(chunks(), rows, seed)
         if not np.isfinite(chosen).all():
             for part in store.parts:  # find the first bad row of all, not the sample's
-                _check_finite(part.vectors(), part.stem.with_suffix(".npy"), part.ids)
+                check_finite_rows(part.vectors(), part.stem.with_suffix(".npy"), part.ids)
         return chosen
 
     index = _empty_index(spec, dimension, sample)
@@ -96,7 +96,7 @@ def build_index(
             part_rows = int(part.meta["rows"])
             into = None if flat_rows is None else flat_rows[offset : offset + part_rows]
             for start, batch in part.row_chunks(add_batch, into):
-                _check_finite(batch, part.stem.with_suffix(".npy"), part.ids, start)
+                check_finite_rows(batch, part.stem.with_suffix(".npy"), part.ids, start)
                 if into is None:
                     index.add(batch)
                 advance(len(batch))
@@ -112,40 +112,6 @@ def build_index(
         write_ids(store, tmp / IDS_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return Path(output)
-
-
-def index_identity(store: EmbeddingStore, spec: IndexSpec) -> dict[str, Any]:
-    """What an index of `store` by a resolved `spec` records of what made it: the embeddings, the
-    spec and the digest of its ids in row order (`IDS_FILE`'s bytes)."""
-    digest = hashlib.sha256()
-    for part in store.parts:
-        with part.stem.with_suffix(".ids").open("rb") as source:
-            while block := source.read(_WRITE_BLOCK):
-                digest.update(block)
-    return {"embeddings": store.identity, "spec": spec.model_dump(), "ids": f"sha256:{digest.hexdigest()}"}
-
-
-def write_ids(store: EmbeddingStore, path: Path) -> None:
-    """Write `IDS_FILE`: every part's ids, in order (each part's end in a newline)."""
-    with path.open("wb") as ids:
-        for part in store.parts:
-            with part.stem.with_suffix(".ids").open("rb") as source:
-                shutil.copyfileobj(source, ids)
-
-
-def read_ids(folder: Path, identity: dict[str, Any]) -> list[str]:
-    """An index folder's ids, refused when they are not those it was built with (an index made before
-    its identity held their digest has only its checksum, which `verify` checked)."""
-    raw = (folder / IDS_FILE).read_bytes()
-    expected = identity.get("ids")
-    if expected is not None and f"sha256:{hashlib.sha256(raw).hexdigest()}" != expected:
-        reason = ("not the ids the index was built with (their digest differs from its identity's): rows "
-                  "would be given other documents' ids; build the index again")  # fmt: skip
-        raise DataError([Problem(folder / IDS_FILE, None, reason)])
-    try:
-        return raw.decode("utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise DataError([Problem(folder / IDS_FILE, None, "not UTF-8 text")]) from None
 
 
 def _empty_index(spec: IndexSpec, dimension: int, training_sample: Callable[[], np.ndarray]) -> faiss.Index:
@@ -198,20 +164,8 @@ def _training_sample(chunks: Iterable[tuple[int, np.ndarray]], rows: int, seed: 
     return np.ascontiguousarray(np.concatenate(sample))
 
 
-def _check_finite(vectors: np.ndarray, source: Path, ids: Callable[[], list[str]], start: int = 0) -> None:
-    """Raise naming `source`, the row (counted from 0) and the document of the first vector holding NaN
-    or an infinity; `vectors` are rows `start`... of `source`."""
-    bad = ~np.isfinite(vectors).all(axis=1)
-    if bad.any():
-        row = start + int(np.argmax(bad))
-        values = np.asarray(vectors[row - start])
-        what = "NaN" if np.isnan(values).any() else "an infinite value"
-        message = f"row {row} (document {ids()[row]!r}) holds {what}; encode the corpus again"
-        raise DataError([Problem(source, None, message)])
-
-
-class SearchIndex:
-    """A loaded index: search it with query vectors, get document ids and scores back."""
+class FaissIndex(SearchIndex, backend="faiss"):
+    """A Faiss index: flat (exact), HNSW or IVF-PQ, by inner product; saved in `index.faiss`."""
 
     def __init__(
         self,
@@ -241,12 +195,12 @@ class SearchIndex:
         spec: IndexSpec = IndexSpec(),
         maxp: MaxPSettings | None = None,
         seed: int = 0,
-    ) -> SearchIndex:
+    ) -> FaissIndex:
         """An index held in memory only (for evaluation and mining inside a run); rows are passages
         of documents when `maxp` says how they were cut. It is the index `build_index` makes of the
         same vectors with the same `seed`."""
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        _check_finite(vectors, Path("<memory>"), lambda: list(ids))
+        check_finite_rows(vectors, Path("<memory>"), lambda: list(ids))
         spec = spec.resolved(len(vectors), vectors.shape[1])
         index = _empty_index(
             spec, vectors.shape[1], lambda: _training_sample([(0, vectors)], len(vectors), seed)
@@ -261,26 +215,13 @@ class SearchIndex:
         return cls(index, ids, meta, Path("<memory>"))
 
     @classmethod
-    def load(cls, folder: Path | str, gpu: bool = False, mmap: bool = False) -> SearchIndex:
-        """Load a saved index after checking its files against their checksums; `gpu` moves it onto
-        every GPU faiss sees, and fails if there is none. With `mmap` the bulk of a faiss index (IVF's
-        lists, flat and HNSW's vectors) stays in its file, memory-mapped, read as searches touch it."""
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise DataError([Problem(folder, None, "index folder not found")])
-        manifest = read_manifest(folder)
-        if manifest is None or manifest.kind != KIND:
-            what = "no densekit manifest" if manifest is None else f"it holds {manifest.kind}"
-            raise DataError([Problem(folder, None, f"not an index folder of densekit's ({what})")])
-        verify(folder, manifest)
-        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
-        ids = read_ids(folder, manifest.identity)
-        if meta.get("backend") == "milvus":
-            from densekit.index.milvus_index import MilvusSearchIndex
-
-            if gpu:
-                raise ValueError(f"{folder} is a Milvus index: Milvus searches it, not faiss on a GPU")
-            return MilvusSearchIndex(meta, ids, folder, manifest.identity)
+    def open(
+        cls, folder: Path, meta: dict[str, Any], ids: list[str], identity: dict[str, Any], gpu: bool,
+        mmap: bool,
+    ) -> FaissIndex:
+        """The saved `index.faiss` of `folder`; `gpu` moves it onto every GPU faiss sees, and fails if
+        there is none. With `mmap` the bulk of the index (IVF's lists, flat and HNSW's vectors) stays in
+        its file, memory-mapped, read as searches touch it."""
         if mmap and gpu:
             raise ValueError("a memory-mapped index is searched on the CPU: ask for a GPU or mmap, not both")
         flags = 0
@@ -295,7 +236,7 @@ class SearchIndex:
             raise DataError([Problem(folder / IDS_FILE, None, f"{len(ids)} ids for {index.ntotal} vectors")])
         if gpu:
             index = _to_gpus(index, meta["spec"]["type"])
-        return cls(index, ids, meta, folder, gpu=gpu, identity=manifest.identity, mmap=mmap)
+        return cls(index, ids, meta, folder, gpu=gpu, identity=identity, mmap=mmap)
 
     @property
     def dimension(self) -> int:
@@ -306,6 +247,11 @@ class SearchIndex:
     def rows(self) -> int:
         """Vectors held."""
         return int(self.index.ntotal)
+
+    @property
+    def mapped_file(self) -> Path | None:
+        """`index.faiss`, when the index was loaded memory-mapped."""
+        return self.folder / INDEX_FILE if self.mmap else None
 
     def set_search_parameters(self, ef_search: int | None = None, nprobe: int | None = None) -> None:
         """Set HNSW's candidate list size or IVF's lists probed (None: the spec's value). A value out of
@@ -344,22 +290,6 @@ class SearchIndex:
         depth = min(k, max(1, int(self.index.ntotal)))
         scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), depth)
         return Hits(scores, labels, self.ids)
-
-    def search_run(self, queries: np.ndarray, query_ids: list[str], k: int, skip_self: bool = True) -> Run:
-        """The top `k` documents per query as a run. For a MaxP index (rows are passages) a document
-        scores its best passage; with `skip_self`, a document whose id is the query's is left out."""
-        maxp = self.meta.get("maxp")
-        if not maxp:
-            return self.search(queries, k + 1 if skip_self else k).to_run(query_ids, k, skip_self)
-        depth = (k + 1) * MaxPSettings(**maxp).depth_factor  # `search` caps it at the rows held
-        passages = self.search(queries, depth).to_run(query_ids, depth, skip_self=False)
-        documents = best_passage_run(passages, k + 1)
-        for query_id, ranked in documents.items():
-            if skip_self:
-                ranked.pop(query_id, None)
-            while len(ranked) > k:
-                ranked.popitem()
-        return documents
 
 
 def _faiss_reason(err: RuntimeError) -> str:

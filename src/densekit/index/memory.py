@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+from densekit.errors import DensekitError
 from densekit.index.spec import IndexSpec
 
 _FLOAT = 4
@@ -14,7 +15,7 @@ _ID = 8  # an IVF list keeps each vector's 64-bit id beside its code
 _HNSW_NODE = 8 + 4  # HNSW's offset (64-bit) and level (32-bit) per vector
 
 
-class IndexTooLarge(ValueError):
+class IndexTooLarge(DensekitError, ValueError):
     """An index whose build needs more memory than is available."""
 
 

@@ -31,12 +31,12 @@ import numpy as np
 from densekit.data.hits import Hits
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.store import EmbeddingStore
-from densekit.index.faiss_index import (
+from densekit.index.base import (
     IDS_FILE,
     KIND,
     META_FILE,
     SearchIndex,
-    _check_finite,
+    check_finite_rows,
     index_identity,
     write_ids,
 )
@@ -206,7 +206,7 @@ def _fill_collection(
                 vectors = part.vectors()
                 for offset in range(0, len(vectors), _INSERT_BATCH):
                     batch = np.ascontiguousarray(vectors[offset : offset + _INSERT_BATCH], dtype=np.float32)
-                    _check_finite(batch, part.stem.with_suffix(".npy"), part.ids, offset)
+                    check_finite_rows(batch, part.stem.with_suffix(".npy"), part.ids, offset)
                     client.insert(
                         collection,
                         [{"id": start + i, "vector": v} for i, v in enumerate(batch.tolist())],
@@ -239,7 +239,7 @@ def _claim_collection(client: Any, uri: str, collection: str, digest: str, overw
     )
 
 
-class MilvusSearchIndex(SearchIndex):
+class MilvusSearchIndex(SearchIndex, backend=BACKEND):
     """A saved index whose vectors live in a Milvus collection; searched exactly by inner product."""
 
     def __init__(self, meta: dict[str, Any], ids: list[str], folder: Path, identity: dict[str, Any]):
@@ -253,6 +253,17 @@ class MilvusSearchIndex(SearchIndex):
         with _milvus_errors(meta["uri"]):
             self._check_collection(folder, meta["uri"], identity)
             self.client.load_collection(self.collection)  # a released collection cannot be searched
+
+    @classmethod
+    def open(
+        cls, folder: Path, meta: dict[str, Any], ids: list[str], identity: dict[str, Any], gpu: bool,
+        mmap: bool,
+    ) -> MilvusSearchIndex:
+        """The index of `folder`, whose collection must still hold its embeddings; Milvus searches it,
+        so `gpu` is refused (and `mmap`, which is faiss's, does not apply)."""
+        if gpu:
+            raise ValueError(f"{folder} is a Milvus index: Milvus searches it, not faiss on a GPU")
+        return cls(meta, ids, folder, identity)
 
     def _check_collection(self, folder: Path, uri: str, identity: dict[str, Any]) -> None:
         """Refuse an index whose collection is gone or holds other embeddings now."""

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from densekit.errors import DensekitError
+
 IndexType = Literal["flat", "hnsw", "ivfpq"]
 
 # Faiss's k-means wants at least this many training points per centroid.
@@ -23,7 +25,7 @@ MAX_EF = 65536
 MIN_IVFPQ_ROWS = 2 * MIN_POINTS_PER_CENTROID
 
 
-class SpecError(ValueError):
+class SpecError(DensekitError, ValueError):
     """An index parameter that cannot be used, named by its field (`nlist`, `pq_bits`)."""
 
     def __init__(self, field: str, value: Any, reason: str):

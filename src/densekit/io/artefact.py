@@ -19,7 +19,8 @@ from typing import Any
 
 from densekit.diagnostics import DataError, Problem
 from densekit.io.atomic import atomic_dir, check_replaceable, write_text_atomic
-from densekit.io.fingerprint import file_digest, tree_checksums
+from densekit.io.fingerprint import digest_of, file_digest, tree_checksums
+from densekit.version import __version__
 
 MANIFEST = "densekit-artefact.json"
 
@@ -44,18 +45,12 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
 
 
-def _version() -> str:
-    from densekit import __version__
-
-    return __version__
-
-
 def new_manifest(
     kind: str, identity: dict[str, Any], checksums: dict[str, str] | None = None, about: dict | None = None
 ) -> Manifest:
     """A manifest stamped with densekit's version and the time."""
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return Manifest(kind, _plain(identity), checksums or {}, _plain(about or {}), _version(), now)
+    return Manifest(kind, _plain(identity), checksums or {}, _plain(about or {}), __version__, now)
 
 
 def _plain(value: Any) -> Any:
@@ -75,6 +70,21 @@ def read_manifest(folder: Path | str) -> Manifest | None:
     """The manifest of a folder densekit made, or None when the folder has none."""
     path = Path(folder) / MANIFEST
     return _parse(path) if path.is_file() else None
+
+
+def open_artefact(folder: Path | str, kind: str, what: str) -> Manifest:
+    """The manifest of `folder`, a folder densekit made as a `kind` (`what` names such a folder in words:
+    "index folder"); `DataError` naming the folder when there is none, or it is not densekit's, or it
+    is of another kind. Its files' checksums are the caller's to check (`verify`), when it reads them."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise _error(folder, f"{what} not found")
+    manifest = read_manifest(folder)
+    if manifest is None or manifest.kind != kind:
+        held = "no densekit manifest" if manifest is None else f"it holds {manifest.kind}"
+        article = "an" if what[:1] in "aeiou" else "a"
+        raise _error(folder, f"not {article} {what} of densekit's ({held})")
+    return manifest
 
 
 def sidecar(path: Path | str) -> Path:
@@ -177,3 +187,14 @@ def differences(saved: Any, fresh: Any, prefix: str = "") -> list[str]:
                 found.extend(differences(saved[key], fresh[key], name))
         return found
     return [] if _plain(saved) == _plain(fresh) else [prefix or "(value)"]
+
+
+def path_fingerprint(path: Path | str) -> str:
+    """A file's digest, a folder's (of its files but densekit's manifest, which holds a time), or, for
+    a name that is not on disk (a hub id), the name itself."""
+    path = Path(path)
+    if path.is_file():
+        return file_digest(path)
+    if path.is_dir():
+        return digest_of(tree_checksums(path, skip={MANIFEST}))
+    return f"name:{path}"

@@ -66,16 +66,3 @@ def tree_checksums(folder: Path | str, skip: set[str] | None = None) -> dict[str
         if path.is_file():
             checksums[relative.as_posix()] = file_digest(path)
     return checksums
-
-
-def path_fingerprint(path: Path | str) -> str:
-    """A file's digest, a folder's (of its files but densekit's manifest, which holds a time), or, for
-    a name that is not on disk (a hub id), the name itself."""
-    from densekit.io.artefact import MANIFEST
-
-    path = Path(path)
-    if path.is_file():
-        return file_digest(path)
-    if path.is_dir():
-        return digest_of(tree_checksums(path, skip={MANIFEST}))
-    return f"name:{path}"

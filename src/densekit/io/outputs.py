@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from densekit.errors import DensekitError
 from densekit.io.artefact import (
     MANIFEST,
     differences,
@@ -43,7 +44,7 @@ COLLECTION_NAMES = (*COLLECTION_FILES, "queries.*.tsv", "qrels.*.tsv")
 QRELS_FOLDER = "qrels"
 
 
-class OutputError(ValueError):
+class OutputError(DensekitError, ValueError):
     """An output path that the command refuses to write; the message names it and says why."""
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from densekit.data.examples import TrainingExample, read_examples
 from densekit.diagnostics import DataError, Diagnostics, Problem
 from densekit.encoding.embed import embed_texts
-from densekit.index.faiss_index import SearchIndex
+from densekit.index.base import SearchIndex
 from densekit.models.encoder import DenseEncoder
 from densekit.plots import pyplot, save_png
 from densekit.progress import progress_bar

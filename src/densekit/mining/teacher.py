@@ -19,8 +19,8 @@ from typing import Any
 
 from densekit.data.dataset import Dataset
 from densekit.data.examples import EXAMPLES_KIND, check_example_ids, read_examples, write_examples
+from densekit.device import Precision
 from densekit.diagnostics import Diagnostics
-from densekit.encoding.device import Precision
 from densekit.io.atomic import write_text_atomic
 from densekit.io.fingerprint import file_digest
 from densekit.io.outputs import OutputError, check_file_output

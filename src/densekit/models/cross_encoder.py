@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
+from densekit.device import Precision
 from densekit.diagnostics import DataError, Problem
-from densekit.encoding.device import Precision, autocast
+from densekit.inference import infer_in_batches
 from densekit.io.artefact import artefact_dir
 from densekit.models.fingerprint import weights_fingerprint
 from densekit.models.hub import resolve_model_path
@@ -110,22 +111,16 @@ class CrossEncoder(torch.nn.Module):
         if not pairs:
             return scores
         encoded = self.tokenize([q for q, _ in pairs], [p for _, p in pairs])
-        order = np.argsort([-len(e["input_ids"]) for e in encoded], kind="stable")
-        was_training = self.training
-        if was_training:
-            self.eval()
-        try:
-            with torch.inference_mode(), autocast(self.device, precision):
-                for start in range(0, len(order), batch_size):
-                    rows = order[start : start + batch_size]
-                    batch = self.tokenizer.pad([encoded[i] for i in rows], return_tensors="pt")
-                    batch = {k: v.to(self.device) for k, v in batch.items()}
-                    scores[rows] = self(**batch).float().cpu().numpy()
-                    if advance is not None:
-                        advance(len(rows))
-        finally:
-            if was_training:
-                self.train()
+
+        def step(rows: np.ndarray) -> None:
+            batch = self.tokenizer.pad([encoded[i] for i in rows], return_tensors="pt")
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            scores[rows] = self(**batch).float().cpu().numpy()
+            if advance is not None:
+                advance(len(rows))
+
+        lengths = [len(e["input_ids"]) for e in encoded]
+        infer_in_batches(self, lengths, batch_size, self.device, precision, step)
         return scores
 
     def fingerprint(self) -> str:

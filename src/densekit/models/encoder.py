@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
@@ -25,14 +25,24 @@ from densekit.models.modules.module import EncoderModule, ModuleError, is_module
 from densekit.models.pooling import pool, without_prompt
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
 
-if TYPE_CHECKING:
-    from densekit.encoding.onnx_backend import OnnxEncoder
-
 log = logging.getLogger("densekit")
 
 MODEL_KIND = "model"
 QUERY_TOWER = "query_encoder"
 PASSAGE_TOWER = "passage_encoder"
+
+
+class InferenceRuntime(Protocol):
+    """What runs an encoder's inference in place of PyTorch (an ONNX Runtime export, made by
+    `densekit.encoding.onnx_backend`): called as `encode_with`'s batch part is, at its own `precision`,
+    for the `module` that was active when it was made."""
+
+    precision: str
+    module: str | None
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind) -> torch.Tensor:
+        """Vectors for a padded batch of `kind` texts."""
+        ...
 
 
 def _load_backbone(path: str | Path, trust_remote_code: bool) -> PreTrainedModel:
@@ -82,7 +92,7 @@ class DenseEncoder(torch.nn.Module):
         self.source = source
         self.attached = torch.nn.ModuleDict()
         self.active: str | None = None
-        self.runtime: OnnxEncoder | None = None  # set by `densekit.encoding.onnx_backend.use_backend`
+        self.runtime: InferenceRuntime | None = None  # set by `densekit.encoding.onnx_backend.use_backend`
         self._prompt_lengths: dict[str, int] = {}
 
     @classmethod

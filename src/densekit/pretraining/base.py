@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from densekit.encoding.device import autocast
+from densekit.device import autocast
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.corpus import TokenizedCorpus

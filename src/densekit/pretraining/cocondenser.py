@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from densekit.encoding.device import autocast
+from densekit.device import autocast
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.condenser import CondenserTask
 from densekit.pretraining.config import PretrainConfig

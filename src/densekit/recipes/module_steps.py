@@ -10,16 +10,16 @@ from pydantic import Field, field_validator
 
 from densekit.data.dataset import Dataset
 from densekit.data.examples import EXAMPLES_KIND, read_examples, write_examples
-from densekit.encoding.device import resolve_device
 from densekit.evaluation.benchmark import run_benchmark
 from densekit.io.outputs import check_file_output, write_output_text
 from densekit.limits import MAX_RUN_DEPTH
+from densekit.models.averaging import average_modules
 from densekit.models.encoder import DenseEncoder
-from densekit.models.modules.averaging import average_modules
-from densekit.models.modules.hypernetwork import LoraHypernetwork
-from densekit.models.modules.route import Route, is_route_folder, load_modules
-from densekit.models.modules.routing import RouteSpec
 from densekit.recipes.steps import Step
+from densekit.routing.hypernetwork import LoraHypernetwork
+from densekit.routing.loading import load_model_or_route
+from densekit.routing.route import Route, load_modules
+from densekit.routing.strategies import RouteSpec
 
 TABLE_KIND = "benchmark table"
 
@@ -133,12 +133,7 @@ class BenchmarkStep(Step):
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Benchmark and write the folder's table, JSON and chart."""
-        route = None
-        if is_route_folder(self.model):
-            route = Route.load(self.model, resolve_device(device))
-            encoder = route.encoder
-        else:
-            encoder = DenseEncoder.load(self.model).to(resolve_device(device))
+        encoder, route = load_model_or_route(self.model, device)
         for path in self.data:
             Dataset.open(path)  # a missing collection fails before any work
         run_benchmark(

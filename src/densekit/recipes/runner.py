@@ -44,8 +44,8 @@ from densekit.configuration import (
     validate_config,
 )
 from densekit.data.dataset import input_fingerprint
+from densekit.device import resolve_device
 from densekit.diagnostics import DataError, Problem
-from densekit.encoding.device import resolve_device
 from densekit.io.artefact import MANIFEST, read_manifest, write_folder_manifest
 from densekit.io.atomic import TEMPORARY, write_text_atomic
 from densekit.io.outputs import claim_folder

@@ -14,9 +14,9 @@ from densekit.data.dataset import Dataset
 from densekit.data.pseudo_queries import PseudoQuerySettings, write_pseudo_queries
 from densekit.data.query_split import split_judged_queries
 from densekit.data.trec import RUN_KIND, read_run, write_run
+from densekit.device import Precision, autocast, resolve_device
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import encode_corpus
-from densekit.encoding.device import Precision, autocast, resolve_device
 from densekit.encoding.onnx_backend import Backend, InferencePrecision, torch_precision, use_backend
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from densekit.data.dataset import Dataset
-from densekit.index.faiss_index import SearchIndex
+from densekit.index.base import SearchIndex
 from densekit.models.encoder import DenseEncoder
 
 log = logging.getLogger("densekit")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from densekit.data.dataset import Dataset
 from densekit.data.records import Document
+from densekit.errors import DensekitError
 from densekit.io.artefact import write_file_manifest
 from densekit.io.atomic import atomic_path
 from densekit.io.outputs import check_file_output, is_current
@@ -32,7 +33,7 @@ def store_path(index_dir: Path | str) -> Path:
     return index_dir.with_name(f"{index_dir.name}.documents.sqlite")
 
 
-class DocumentsUnavailable(RuntimeError):
+class DocumentsUnavailable(DensekitError, RuntimeError):
     """The store's file was removed, replaced or cannot be read since the store was opened."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from densekit.data.records import Document, Run
-from densekit.encoding.device import Precision
+from densekit.device import Precision
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.progress import progress_bar
 

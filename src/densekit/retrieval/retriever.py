@@ -15,20 +15,23 @@ import numpy as np
 
 from densekit.data.dataset import Dataset
 from densekit.data.records import Document, Run
-from densekit.encoding.device import Precision, resolve_device
+from densekit.device import Precision
 from densekit.encoding.embed import embed_texts
-from densekit.index.faiss_index import INDEX_FILE, SearchIndex
+from densekit.errors import DensekitError
+from densekit.index.base import SearchIndex
+from densekit.models.config import EncoderOptions
 from densekit.models.encoder import DenseEncoder
-from densekit.models.modules.route import Route, is_route_folder
 from densekit.progress import progress_bar
 from densekit.retrieval.dense import check_compatible
 from densekit.retrieval.documents import DocumentStore, DocumentsUnavailable
 from densekit.retrieval.hit import Hit
+from densekit.routing.loading import load_model_or_route
+from densekit.routing.route import Route
 
 log = logging.getLogger("densekit")
 
 
-class IndexChanged(RuntimeError):
+class IndexChanged(DensekitError, RuntimeError):
     """A memory-mapped index file was changed in place (truncated, say) while it was searched."""
 
 
@@ -88,7 +91,7 @@ class Retriever:
         self.route = route
         self.index = index
         self.documents = documents
-        self._mapped = _MappedFile(index.folder / INDEX_FILE) if getattr(index, "mmap", False) else None
+        self._mapped = _MappedFile(index.mapped_file) if index.mapped_file is not None else None
 
     @classmethod
     def open(
@@ -106,13 +109,11 @@ class Retriever:
         collection the index was built from, its document store (built beside the index the first
         time), the index memory-mapped with `mmap_index`. `model` may be a route folder: its base and
         modules, routing each query."""
-        if is_route_folder(model):
-            if module is not None:
-                raise ValueError(f"{model} is a route folder: it names its modules; a module does not apply")
-            route = Route.load(model, resolve_device(device))
-            return cls.over(route.encoder, index_dir, corpus, gpu_index, show_progress, route, mmap_index)
-        encoder = DenseEncoder.load(model, module=module).to(resolve_device(device)).eval()
-        return cls.over(encoder, index_dir, corpus, gpu_index, show_progress, mmap_index=mmap_index)
+        options = EncoderOptions(module=None if module is None else Path(module))
+        encoder, route = load_model_or_route(model, device, options)
+        if route is None:
+            encoder.eval()
+        return cls.over(encoder, index_dir, corpus, gpu_index, show_progress, route, mmap_index)
 
     @classmethod
     def over(

@@ -19,7 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from densekit.encoding.device import Precision
+from densekit.device import Precision
 from densekit.retrieval.documents import DocumentsUnavailable
 from densekit.retrieval.retriever import IndexChanged, Retriever
 from densekit.serving import openai_api

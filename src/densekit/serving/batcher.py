@@ -13,8 +13,9 @@ from typing import Literal
 
 import numpy as np
 
-from densekit.encoding.device import Precision
+from densekit.device import Precision
 from densekit.encoding.embed import embed_texts
+from densekit.errors import DensekitError
 from densekit.models.config import TextKind
 from densekit.retrieval.hit import Hit
 from densekit.retrieval.retriever import Retriever
@@ -31,7 +32,7 @@ class Embeddings:
     tokens: int
 
 
-class Overloaded(Exception):
+class Overloaded(DensekitError):
     """The queue holds `queued` texts already: more would wait longer than the service answers in."""
 
     def __init__(self, queued: int, retry_after: int):
@@ -39,7 +40,7 @@ class Overloaded(Exception):
         self.retry_after = retry_after
 
 
-class Unencodable(ValueError):
+class Unencodable(DensekitError, ValueError):
     """A request whose texts the model could not take (its tokenizer refused them), found when the
     request was encoded on its own after the batch it shared failed."""
 
@@ -48,7 +49,7 @@ class Unencodable(ValueError):
         super().__init__(f"the texts of this request could not be encoded: {first_line}")
 
 
-class TimedOut(Exception):
+class TimedOut(DensekitError):
     """A request waited past the service's request timeout; its texts were dropped if not yet encoded."""
 
     def __init__(self, timeout: float, retry_after: int):

@@ -11,6 +11,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from densekit.errors import DensekitError
 from densekit.retrieval.retriever import Retriever
 from densekit.serving.checks import shown
 
@@ -83,7 +84,7 @@ class ServedName:
     domain: str | None = None
 
 
-class UnknownModel(LookupError):
+class UnknownModel(DensekitError, LookupError):
     """A model name the service does not serve."""
 
 

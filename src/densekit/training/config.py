@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from densekit.encoding.passages import MaxPSettings
 from densekit.mining.filters import MiningSettings
 from densekit.models.config import Pooling
-from densekit.models.modules.specs import LoraSpec, ModuleSpec
+from densekit.models.modules.kinds.lora import LoraSpec
+from densekit.models.modules.specs import ModuleSpec
+from densekit.routing.strategies import RouteSpec, TopK, TrainableType, strategy_named
 from densekit.training.groups import Shortfall
 
 NORMALIZED_TEMPERATURE = 0.05
@@ -203,27 +205,29 @@ class AnceSection(Section):
 
 class RouteSection(Section):
     """Train a router among saved query-only modules on the frozen base: the modules and the base stay as
-    they are; only the router learns, from the retrieval loss and a load-balancing term."""
+    they are; only the router learns, from the retrieval loss and a load-balancing term. Its type and k
+    are a route spec's (`densekit.routing.strategies`), checked by the same strategy."""
 
-    type: Literal["soft", "top_k", "fusion"] = "soft"
+    type: TrainableType = "soft"
     modules: dict[str, str] = Field(
         min_length=2, description="module name -> its saved folder (towers: query)"
     )
-    k: int | None = Field(None, ge=1, description="top_k: modules run per query")
+    k: TopK = None
     load_balancing: float = Field(
         0.01,
         ge=0,
         description="soft, top_k: weight of Switch Transformer's load-balancing loss, against collapse",
     )
 
+    def spec(self) -> RouteSpec:
+        """The route this section trains: its type and k over its modules, in their order."""
+        return RouteSpec(type=self.type, modules=list(self.modules), k=self.k)
+
     @model_validator(mode="after")
     def _settings_of_its_type(self) -> RouteSection:
-        if self.type != "top_k" and self.k is not None:
-            raise ValueError(f"route.k applies to top_k, not to {self.type}")
-        if self.type == "top_k" and self.k is None:
-            raise ValueError("route.k: a top_k route needs it")
-        if self.type == "fusion" and "load_balancing" in self.model_fields_set:
-            raise ValueError("route.load_balancing: a fusion has no load-balancing term")
+        RouteSpec.model_construct(type=self.type, modules=list(self.modules), k=self.k).check()
+        if not strategy_named(self.type).balanced and "load_balancing" in self.model_fields_set:
+            raise ValueError(f"route.load_balancing: a {self.type} has no load-balancing term")
         return self
 
 

@@ -27,11 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from densekit.data.examples import TrainingExample
-from densekit.encoding.device import autocast
+from densekit.device import autocast
 from densekit.models.encoder import DenseEncoder
-from densekit.models.modules.hypernetwork import LoraHypernetwork
-from densekit.models.modules.route import Route
-from densekit.models.modules.routing import load_balancing_loss, soft_weights
+from densekit.routing.hypernetwork import LoraHypernetwork
+from densekit.routing.route import Route
 from densekit.training import distributed
 from densekit.training.config import INNER_PRODUCT_TEMPERATURE, NORMALIZED_TEMPERATURE, TrainConfig
 from densekit.training.grad_cache import cached_backward, split_inputs
@@ -367,13 +366,10 @@ class ContrastiveTask(GroupedExamplesTask):
         device = self.encoder.device
         queries = {key: tensor.to(device) for key, tensor in batch.queries.items()}
         figures = {}
-        if self.route.spec.type == "fusion":
-            with torch.no_grad():
-                weights = self.route.weights(queries["input_ids"], queries["attention_mask"], None)
-        else:
-            scores = self.route.scores(queries["input_ids"], queries["attention_mask"])
-            weights = soft_weights(scores, self.route.spec.k)
-            balance = load_balancing_loss(scores, weights)
+        weights, balance = self.route.strategy.training_weights(
+            self.route, queries["input_ids"], queries["attention_mask"]
+        )
+        if balance is not None:
             weight = self.config.route.load_balancing
             if weight > 0:
                 (scale * weight * balance).backward()

@@ -19,13 +19,14 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from densekit.data.examples import TrainingExample
+from densekit.errors import DensekitError
 
 log = logging.getLogger("densekit")
 
 Shortfall = Literal["error", "repeat", "random"]
 
 
-class NegativeShortfallError(ValueError):
+class NegativeShortfallError(DensekitError, ValueError):
     """An example has fewer negatives than a group needs, and no policy to make up for it was chosen."""
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from densekit.data.examples import TrainingExample
-from densekit.encoding.device import autocast
+from densekit.device import autocast
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.training.config import CrossEncoderTrainConfig
 from densekit.training.grouped_task import GroupedExamplesTask

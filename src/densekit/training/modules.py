@@ -9,12 +9,11 @@ import torch
 
 from densekit.data.examples import TrainingExample
 from densekit.models.encoder import DenseEncoder
-from densekit.models.modules.hypernetwork import HyperSpec, LoraHypernetwork
+from densekit.models.modules.kind import kind_of
+from densekit.models.modules.kinds.sparse_diff import SparseDiffSpec, choose_sparse_indices, sparse_targets
 from densekit.models.modules.module import EncoderModule
-from densekit.models.modules.own_kinds import choose_sparse_indices, sparse_targets
-from densekit.models.modules.route import Route
-from densekit.models.modules.routing import RouteSpec
-from densekit.models.modules.specs import SparseDiffSpec
+from densekit.routing.hypernetwork import HyperSpec, LoraHypernetwork
+from densekit.routing.route import Route
 from densekit.training import distributed
 from densekit.training.config import HypernetworkSection, RouteSection
 
@@ -36,7 +35,8 @@ def prepare_module(encoder: DenseEncoder, spec: Any, task: Any) -> EncoderModule
             )
         module = loaded
     else:
-        indices = _choose_sparse_positions(encoder, spec, task) if isinstance(spec, SparseDiffSpec) else None
+        chosen = kind_of(spec).positions_from_gradients
+        indices = _choose_sparse_positions(encoder, spec, task) if chosen else None
         module = encoder.new_module(spec, indices)
     trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
     backbones = {*encoder.query_backbone.parameters(), *encoder.passage_backbone.parameters()}
@@ -97,7 +97,7 @@ def prepare_route(encoder: DenseEncoder, section: RouteSection) -> Route:
     encoder.activate(None)
     for parameter in encoder.parameters():
         parameter.requires_grad_(False)
-    spec = RouteSpec(type=section.type, modules=list(section.modules), k=section.k)
+    spec = section.spec()
     route = Route(encoder, spec)
     log.info("router over modules %s (%s): trainable %s parameters", ", ".join(spec.modules), spec.type,
              f"{sum(p.numel() for p in route.router.parameters()):,}")  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from densekit.configuration import dump_config
-from densekit.encoding.device import resolve_device
+from densekit.device import resolve_device
 from densekit.training import distributed
 from densekit.training.config import RunConfig
 from densekit.training.run_folder import prepare_run_folder

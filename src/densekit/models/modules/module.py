@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 from pydantic import BaseModel, ConfigDict
 from transformers import PreTrainedModel
@@ -21,16 +20,14 @@ from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import artefact_dir, verify
 from densekit.models.config import EncoderConfig
 from densekit.models.fingerprint import tensors_fingerprint
-from densekit.models.loading import read_safetensors, validated_file
-from densekit.models.modules.own_kinds import own_tower
-from densekit.models.modules.peft_kinds import load_peft, peft_tower, save_peft
+from densekit.models.loading import validated_file
+from densekit.models.modules.kind import ModuleError, Positions, kind_of
 from densekit.models.modules.sizing import check_module_size
-from densekit.models.modules.specs import PEFT_TYPES, ModuleError, ModuleSpec, SparseDiffSpec
-from densekit.models.modules.tower import Tower, freeze, state_mismatch
+from densekit.models.modules.specs import ModuleSpec
+from densekit.models.modules.tower import Tower, freeze
 
 MODULE_FILE = "densekit-module.json"
 MODULE_KIND = "module"
-OWN_WEIGHTS = "module.safetensors"
 PLACES = {"shared": ["."], "separate": ["query", "passage"], "query": ["query"]}
 
 
@@ -64,10 +61,8 @@ def read_module_file(folder: str | Path) -> ModuleFile:
     return validated_file(Path(folder) / MODULE_FILE, ModuleFile)
 
 
-def _build_tower(base: PreTrainedModel, spec: Any, sparse_indices: dict[str, torch.Tensor] | None) -> Tower:
-    if spec.type in PEFT_TYPES:
-        return peft_tower(base, spec)
-    return own_tower(base, spec, sparse_indices)
+def _build_tower(base: PreTrainedModel, spec: Any, positions: Positions | None) -> Tower:
+    return kind_of(spec).build(base, spec, positions)
 
 
 class EncoderModule(torch.nn.Module):
@@ -93,10 +88,10 @@ class EncoderModule(torch.nn.Module):
         passage_base: PreTrainedModel,
         spec: Any,
         base: dict[str, str],
-        sparse_indices: dict[str, dict[str, torch.Tensor]] | None = None,
+        sparse_indices: dict[str, Positions] | None = None,
     ) -> EncoderModule:
-        """A fresh module of `spec` on the encoder's backbones (the same one when tied); a sparse
-        difference takes its positions per tower ("query", "passage")."""
+        """A fresh module of `spec` on the encoder's backbones (the same one when tied); a kind with
+        positions (a sparse difference) takes them per tower ("query", "passage")."""
         indices = sparse_indices or {}
         check_module_size(query_base, spec)
         if spec.towers == "shared":
@@ -132,15 +127,12 @@ class EncoderModule(torch.nn.Module):
     def save(self, folder: str | Path, settings: dict[str, Any]) -> None:
         """Write the module folder atomically; `settings` are the encoder settings it was trained with."""
         identity = {"base": self.base["fingerprint"], "module": self.fingerprint(), "settings": settings}
+        kind = kind_of(self.spec)
         with artefact_dir(folder, MODULE_KIND, identity, {"base": self.base["source"]}) as tmp:
             for place, tower in self.towers().items():
                 target = tmp / place
                 target.mkdir(exist_ok=True)
-                if self.spec.type in PEFT_TYPES:
-                    save_peft(tower, target, self.base["source"], self.spec)
-                else:
-                    state = {name: _stored(t.detach().contiguous()) for name, t in tower.own_state().items()}
-                    safetensors.torch.save_file(state, str(target / OWN_WEIGHTS))
+                kind.save(tower, target, self.base["source"], self.spec)
             description = {"spec": self.spec.model_dump(), "settings": settings, "base": self.base}
             (tmp / MODULE_FILE).write_text(json.dumps(description, indent=2), encoding="utf-8")
 
@@ -164,48 +156,12 @@ class EncoderModule(torch.nn.Module):
                 f"{folder}: module {spec.name!r} was trained on another base ({base['source']}, weights "
                 f"{base['fingerprint'][:19]}...), not on this model (weights {fingerprint[:19]}...)"
             )
-        places = PLACES[spec.towers]
-        indices = None
-        if isinstance(spec, SparseDiffSpec):
-            indices = {
-                ("query" if place == "." else place): _saved_indices(folder / place / OWN_WEIGHTS)
-                for place in places
-            }
+        kind = kind_of(spec)
+        saved = {("query" if place == "." else place): kind.saved_positions(folder / place)
+                 for place in PLACES[spec.towers]}  # fmt: skip
+        indices = None if all(positions is None for positions in saved.values()) else saved
         module = cls.build(query_base, passage_base, spec, base, indices)
         for place, tower in module.towers().items():
-            if spec.type in PEFT_TYPES:
-                load_peft(tower, folder / place)
-            else:
-                _load_own(tower, folder / place / OWN_WEIGHTS)
+            kind.load(tower, folder / place)
         module.folder = folder
         return module
-
-
-def _stored(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` as saved: 64-bit positions (a sparse difference's) in 32 bits where they fit, which
-    makes its folder about a third smaller; loading widens them again."""
-    if tensor.dtype == torch.int64 and (tensor.numel() == 0 or int(tensor.max()) < 2**31):
-        return tensor.to(torch.int32)
-    return tensor
-
-
-def sparse_positions(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A sparse difference's positions by layer name, from its tower's state (live or saved)."""
-    marker = ".parametrizations.weight.0.indices"
-    return {key[len("model.") : -len(marker)]: t for key, t in state.items() if key.endswith(marker)}
-
-
-def _saved_indices(path: Path) -> dict[str, torch.Tensor]:
-    """A saved sparse difference's positions by layer name."""
-    return sparse_positions(read_safetensors(path))
-
-
-def _load_own(tower: Tower, path: Path) -> None:
-    state = read_safetensors(path)
-    expected = tower.own_state()
-    problem = state_mismatch(expected, state)
-    if problem:
-        raise ModuleError(f"{path}: does not fit the module its config describes ({problem})")
-    with torch.no_grad():
-        for name, tensor in expected.items():
-            tensor.copy_(state[name])

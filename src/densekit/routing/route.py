@@ -18,8 +18,8 @@ import safetensors.torch
 import torch
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from densekit.device import Precision
 from densekit.diagnostics import DataError, Problem
-from densekit.encoding.device import Precision
 from densekit.encoding.embed import embed_texts
 from densekit.io.artefact import artefact_dir, verify
 from densekit.models.config import EncoderConfig
@@ -27,16 +27,8 @@ from densekit.models.encoder import DenseEncoder
 from densekit.models.fingerprint import tensors_fingerprint
 from densekit.models.loading import read_safetensors, validated_file
 from densekit.models.modules.module import BaseRecord, read_module_file
-from densekit.models.modules.routing import (
-    Fusion,
-    Router,
-    RouteSpec,
-    check_query_only,
-    fixed_weights,
-    routed_vectors,
-    soft_weights,
-)
 from densekit.models.modules.tower import state_mismatch
+from densekit.routing.strategies import RouteSpec, base_vectors, check_query_only
 
 ROUTE_FILE = "densekit-route.json"
 ROUTE_KIND = "route"
@@ -94,54 +86,31 @@ def is_route_folder(path: str | Path) -> bool:
 
 
 class Route(torch.nn.Module):
-    """Routes each query of an encoder among its query-only modules (see `routing`)."""
+    """Routes each query of an encoder among its query-only modules, by the strategy its spec's `type`
+    names (`densekit.routing.strategies`)."""
 
-    def __init__(self, encoder: DenseEncoder, spec: RouteSpec, router: Router | Fusion | None = None):
+    def __init__(self, encoder: DenseEncoder, spec: RouteSpec, router: torch.nn.Module | None = None):
         super().__init__()
         check_query_only(encoder, spec.modules)
-        if spec.type == "fixed" and router is not None:
-            raise ValueError("a fixed route chooses by domain; it has no router")
-        if spec.type != "fixed" and router is None:
-            router = _new_router(spec, encoder.dimension).to(encoder.device)
+        strategy = spec.strategy
+        if not strategy.trainable and router is not None:
+            raise ValueError(f"a {spec.type} route has no router")
+        if strategy.trainable and router is None:
+            router = strategy.new_router(spec, encoder.dimension).to(encoder.device)
         self.encoder = encoder
         self.spec = spec
+        self.strategy = strategy
         self.router = router
-
-    def _base(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            base = self.encoder.encode_with(None, input_ids, attention_mask, "query")
-        return base.to(next(self.router.parameters()).dtype)
 
     def scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The router's (queries x modules) scores, from the base's query vectors (soft and top_k)."""
-        return self.router(self._base(input_ids, attention_mask))
+        return self.router(base_vectors(self, input_ids, attention_mask))
 
     def weights(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, domains: Sequence[str | None] | None
     ) -> torch.Tensor:
         """Each query's weight per module: by its domain (fixed), the router, or the fusion's attention."""
-        if self.spec.type == "fixed":
-            if domains is None:
-                raise ValueError("a fixed route needs each query's domain")
-            return fixed_weights(self.spec, domains)
-        if self.spec.type == "fusion":
-            return self._fused(input_ids, attention_mask)[0]
-        straight_through = self.router is not None and self.router.training and torch.is_grad_enabled()
-        return soft_weights(self.scores(input_ids, attention_mask), self.spec.k, straight_through)
-
-    def _fused(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fusion's weights and the modules' vectors (queries x modules x d)."""
-        outputs = torch.stack(
-            [
-                self.encoder.encode_with(name, input_ids, attention_mask, "query")
-                for name in self.spec.modules
-            ],
-            dim=1,
-        )
-        outputs = outputs.to(next(self.router.parameters()).dtype)
-        return self.router(self._base(input_ids, attention_mask), outputs), outputs
+        return self.strategy.weights(self, input_ids, attention_mask, domains)
 
     def forward(
         self,
@@ -150,12 +119,7 @@ class Route(torch.nn.Module):
         domains: Sequence[str | None] | None = None,
     ) -> torch.Tensor:
         """Routed query vectors of a padded batch."""
-        if self.spec.type == "fusion":
-            weights, outputs = self._fused(input_ids, attention_mask)
-            fused = torch.einsum("qm,qmd->qd", weights, outputs)
-            return torch.nn.functional.normalize(fused, dim=-1) if self.encoder.config.normalize else fused
-        weights = self.weights(input_ids, attention_mask, domains)
-        return routed_vectors(self.encoder, self.spec.modules, weights, input_ids, attention_mask)
+        return self.strategy.vectors(self, input_ids, attention_mask, domains)
 
     def encode_queries(
         self,
@@ -166,7 +130,7 @@ class Route(torch.nn.Module):
     ) -> np.ndarray:
         """Routed vectors of `texts` in their order (`domains`, one per text, for a fixed route), under
         torch's `precision`."""
-        if domains is not None and self.spec.type != "fixed":
+        if domains is not None and not self.strategy.takes_domains:
             raise ValueError(
                 f"a {self.spec.type} route chooses its modules itself; domains apply to a fixed one"
             )
@@ -233,23 +197,17 @@ class Route(torch.nn.Module):
                 raise ValueError(f"{folder}: module {name!r} ({module_folder}) changed since the route "
                                  "was made")  # fmt: skip
         encoder.activate(None)
-        router = None
-        if spec.type != "fixed":
-            router = _new_router(spec, encoder.dimension)
+        router = spec.strategy.new_router(spec, encoder.dimension)
+        if router is not None:
             _load_router(router, folder / ROUTER_WEIGHTS)
             router.to(device)
         return cls(encoder.eval(), spec, router).eval()
 
 
-def _load_router(router: Router | Fusion, path: Path) -> None:
+def _load_router(router: torch.nn.Module, path: Path) -> None:
     """Set `router` to the weights saved in `path`, which must be exactly its tensors."""
     state = read_safetensors(path)
     problem = state_mismatch(dict(router.state_dict()), state)
     if problem:
         raise DataError([Problem(path, None, f"does not fit the route's router ({problem})")])
     router.load_state_dict(state)
-
-
-def _new_router(spec: RouteSpec, dimension: int) -> Router | Fusion:
-    """A fresh router (soft, top_k) or fusion for `spec`."""
-    return Fusion(dimension) if spec.type == "fusion" else Router(dimension, len(spec.modules))

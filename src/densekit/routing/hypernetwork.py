@@ -26,8 +26,9 @@ from densekit.io.artefact import artefact_dir, verify
 from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
 from densekit.models.loading import read_safetensors, validated_file
+from densekit.models.modules.kind import ModuleError
+from densekit.models.modules.kinds.lora import LoraSpec
 from densekit.models.modules.module import BaseRecord, EncoderModule
-from densekit.models.modules.specs import LoraSpec, ModuleError
 from densekit.models.modules.tower import state_mismatch
 
 HYPER_FILE = "densekit-hypernetwork.json"

@@ -1,0 +1,194 @@
+"""What an index backend provides, the folder every backend saves, and the one loader that opens a saved
+folder with the backend that made it.
+
+An index folder holds `ids.txt` (row i's document id), `index.json` (the spec, rows, dimension, MaxP
+settings and, for any backend but faiss, the backend's name and settings), the backend's own files and
+densekit's manifest: the identity of the embeddings it was built from (model weights and settings,
+corpus digest) and of its ids (their digest, in row order), and a checksum of each file, checked on
+load. The ids are checked against the identity too, so that ids reordered under a recomputed checksum
+are refused rather than given to other rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from densekit.data.hits import Hits
+from densekit.data.records import Run
+from densekit.diagnostics import DataError, Problem
+from densekit.encoding.passages import MaxPSettings, best_passage_run
+from densekit.encoding.store import EmbeddingStore
+from densekit.index.spec import IndexSpec
+from densekit.io.artefact import open_artefact, verify
+
+IDS_FILE = "ids.txt"
+META_FILE = "index.json"
+KIND = "index"
+DEFAULT_BACKEND = "faiss"  # the backend of a folder whose index.json names none
+_READ_BLOCK = 4 << 20
+
+
+def index_identity(store: EmbeddingStore, spec: IndexSpec) -> dict[str, Any]:
+    """What an index of `store` by a resolved `spec` records of what made it: the embeddings, the
+    spec and the digest of its ids in row order (`IDS_FILE`'s bytes)."""
+    digest = hashlib.sha256()
+    for part in store.parts:
+        with part.stem.with_suffix(".ids").open("rb") as source:
+            while block := source.read(_READ_BLOCK):
+                digest.update(block)
+    return {"embeddings": store.identity, "spec": spec.model_dump(), "ids": f"sha256:{digest.hexdigest()}"}
+
+
+def write_ids(store: EmbeddingStore, path: Path) -> None:
+    """Write `IDS_FILE`: every part's ids, in order (each part's end in a newline)."""
+    with path.open("wb") as ids:
+        for part in store.parts:
+            with part.stem.with_suffix(".ids").open("rb") as source:
+                shutil.copyfileobj(source, ids)
+
+
+def read_ids(folder: Path, identity: dict[str, Any]) -> list[str]:
+    """An index folder's ids, refused when they are not those it was built with (an index made before
+    its identity held their digest has only its checksum, which `verify` checked)."""
+    raw = (folder / IDS_FILE).read_bytes()
+    expected = identity.get("ids")
+    if expected is not None and f"sha256:{hashlib.sha256(raw).hexdigest()}" != expected:
+        reason = ("not the ids the index was built with (their digest differs from its identity's): rows "
+                  "would be given other documents' ids; build the index again")  # fmt: skip
+        raise DataError([Problem(folder / IDS_FILE, None, reason)])
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise DataError([Problem(folder / IDS_FILE, None, "not UTF-8 text")]) from None
+
+
+def check_finite_rows(
+    vectors: np.ndarray, source: Path, ids: Callable[[], list[str]], start: int = 0
+) -> None:
+    """Raise naming `source`, the row (counted from 0) and the document of the first vector holding NaN
+    or an infinity; `vectors` are rows `start`... of `source`."""
+    bad = ~np.isfinite(vectors).all(axis=1)
+    if bad.any():
+        row = start + int(np.argmax(bad))
+        values = np.asarray(vectors[row - start])
+        what = "NaN" if np.isnan(values).any() else "an infinite value"
+        message = f"row {row} (document {ids()[row]!r}) holds {what}; encode the corpus again"
+        raise DataError([Problem(source, None, message)])
+
+
+class SearchIndex(ABC):
+    """A loaded index: search it with query vectors, get document ids and scores back.
+
+    A backend is a subclass declared with its name, `class FaissIndex(SearchIndex, backend="faiss")`,
+    which registers it: `SearchIndex.load` opens every saved folder whose `index.json` names that
+    backend with it. A backend sets `ids` (row i's document id, as an object array), `meta` (the
+    folder's `index.json`), `folder`, `identity` (the manifest's; None for an index held in memory) and
+    `spec`, and provides:
+
+    - `open(folder, meta, ids, identity, gpu, mmap)`: its index of a saved folder, whose manifest,
+      checksums and ids the loader has checked;
+    - `dimension` and `rows`: the size of the vectors and how many are held;
+    - `search(queries, k)`: the top `k` rows per query as `Hits`;
+    - `set_search_parameters(ef_search, nprobe)`: a `SpecError` for a parameter it has no use for;
+    - `stored_vectors(doc_ids)`: the vectors it holds for documents, or None where it keeps none whole.
+
+    `search_run` (documents by id, MaxP's best passage) and `mapped_file` are shared.
+    """
+
+    backend: ClassVar[str]
+    backends: ClassVar[dict[str, type[SearchIndex]]] = {}
+
+    ids: np.ndarray
+    meta: dict[str, Any]
+    folder: Path
+    identity: dict[str, Any] | None
+    spec: IndexSpec
+
+    def __init_subclass__(cls, backend: str | None = None, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if backend is None:
+            return
+        if backend in SearchIndex.backends:
+            raise TypeError(f"index backend {backend!r} is registered twice")
+        cls.backend = backend
+        SearchIndex.backends[backend] = cls
+
+    @classmethod
+    def load(cls, folder: Path | str, gpu: bool = False, mmap: bool = False) -> SearchIndex:
+        """Load a saved index, with the backend its `index.json` names, after checking its files
+        against their checksums and its ids against its identity; `gpu` and `mmap` ask the backend to
+        search on every GPU it sees, or with the bulk of the index memory-mapped from its file."""
+        folder = Path(folder)
+        manifest = open_artefact(folder, KIND, "index folder")
+        verify(folder, manifest)
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+        ids = read_ids(folder, manifest.identity)
+        name = meta.get("backend", DEFAULT_BACKEND)
+        backend = SearchIndex.backends.get(name)
+        if backend is None:
+            known = ", ".join(sorted(SearchIndex.backends))
+            raise DataError([Problem(folder / META_FILE, None, f"backend {name!r}: densekit knows {known}")])
+        return backend.open(folder, meta, ids, manifest.identity, gpu=gpu, mmap=mmap)
+
+    @classmethod
+    @abstractmethod
+    def open(
+        cls, folder: Path, meta: dict[str, Any], ids: list[str], identity: dict[str, Any], gpu: bool,
+        mmap: bool,
+    ) -> SearchIndex:
+        """This backend's index of the saved `folder` (its `index.json` as `meta`, its checked `ids`
+        and its manifest's `identity`)."""
+
+    @property
+    @abstractmethod
+    def dimension(self) -> int:
+        """The indexed vectors' size."""
+
+    @property
+    @abstractmethod
+    def rows(self) -> int:
+        """Vectors held."""
+
+    @abstractmethod
+    def set_search_parameters(self, ef_search: int | None = None, nprobe: int | None = None) -> None:
+        """Set the search's parameters (None: the spec's value); one the backend has no use for, or out
+        of `IndexSpec`'s bounds, raises `SpecError` before the backend sees it."""
+
+    @abstractmethod
+    def stored_vectors(self, doc_ids: list[str]) -> np.ndarray | None:
+        """The vectors indexed for `doc_ids`, exactly as searched, or None where the index does not
+        keep them whole."""
+
+    @abstractmethod
+    def search(self, queries: np.ndarray, k: int) -> Hits:
+        """The top `k` rows per query (no more than the index holds); ids are looked up only when
+        asked for (`Hits.doc_ids`)."""
+
+    @property
+    def mapped_file(self) -> Path | None:
+        """The file a memory-mapped index reads as it is searched; None when nothing is mapped."""
+        return None
+
+    def search_run(self, queries: np.ndarray, query_ids: list[str], k: int, skip_self: bool = True) -> Run:
+        """The top `k` documents per query as a run. For a MaxP index (rows are passages) a document
+        scores its best passage; with `skip_self`, a document whose id is the query's is left out."""
+        maxp = self.meta.get("maxp")
+        if not maxp:
+            return self.search(queries, k + 1 if skip_self else k).to_run(query_ids, k, skip_self)
+        depth = (k + 1) * MaxPSettings(**maxp).depth_factor  # `search` caps it at the rows held
+        passages = self.search(queries, depth).to_run(query_ids, depth, skip_self=False)
+        documents = best_passage_run(passages, k + 1)
+        for query_id, ranked in documents.items():
+            if skip_self:
+                ranked.pop(query_id, None)
+            while len(ranked) > k:
+                ranked.popitem()
+        return documents

@@ -1,0 +1,160 @@
+"""The package's shape stays as drawn (docs/design.md): floors that import only downward, no import
+cycle, one root for densekit's errors, and "how to add" examples that are true."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import numpy as np
+import pytest
+import torch
+
+import densekit
+from densekit.errors import DensekitError
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: import-linter's own dependency
+    import tomli as tomllib
+
+cli_main = importlib.import_module("densekit.cli.main")  # the module; `densekit.cli.main` is a function
+
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+
+
+def design_example(marker: str) -> str:
+    """The code block docs/design.md puts under `<!-- example: MARKER -->`."""
+    found = re.search(rf"<!-- example: {re.escape(marker)} -->\n```python\n(.*?)```", DESIGN, flags=re.S)
+    assert found, f"docs/design.md has no example marked {marker!r}"
+    return found.group(1)
+
+
+def test_no_module_of_densekit_imports_in_a_cycle():
+    graph = grimp.build_graph("densekit")
+    in_cycles = sorted(
+        (importer, imported)
+        for importer in graph.modules
+        for imported in graph.find_modules_directly_imported_by(importer)
+        if graph.chain_exists(importer=imported, imported=importer)
+    )
+    assert in_cycles == []
+
+
+def test_the_import_contracts_hold():
+    # in a process of its own: import-linter's logging set-up disables every logger already made
+    check = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True))"
+    result = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_the_floors_in_the_design_are_the_layers_contract():
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (floors,) = [c for c in contracts if c["type"] == "layers" and c["containers"] == ["densekit"]]
+    layers = [{name.strip() for name in layer.split("|")} for layer in floors["layers"]]
+    table = DESIGN.split("<!-- floors:", 1)[1].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [set(re.findall(r"`([a-z_]+)`", row.split("|")[2])) for row in rows] == layers
+    children = {module.name for module in pkgutil.iter_modules(densekit.__path__)}
+    assert set().union(*layers) == children  # every package and module of densekit has its floor
+
+
+def _all_modules() -> list[str]:
+    found = pkgutil.walk_packages(densekit.__path__, "densekit.")
+    return sorted(info.name for info in found if info.name != "densekit.__main__")
+
+
+def test_every_error_densekit_defines_derives_from_densekit_error():
+    errors = []
+    for name in _all_modules():
+        module = importlib.import_module(name)
+        for attribute, value in vars(module).items():
+            if (inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == name
+                    and not attribute.startswith("_")):  # fmt: skip
+                errors.append(value)
+    assert len(errors) > 15
+    assert [error.__qualname__ for error in errors if not issubclass(error, DensekitError)] == []
+
+
+def test_the_command_line_shows_any_densekit_error_in_one_line_with_status_2(monkeypatch, capsys):
+    class Refused(DensekitError):
+        """An error of densekit's that is no ValueError, RuntimeError or OSError."""
+
+    def refuse() -> None:
+        raise Refused("the thing asked for is refused")
+
+    monkeypatch.setattr(cli_main, "app", refuse)
+    with pytest.raises(SystemExit) as exit_status:
+        cli_main.main()
+    assert exit_status.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: the thing asked for is refused"
+
+
+def test_the_module_kind_example_is_a_kind_file_and_every_kind_has_a_row_in_the_modules_doc():
+    from densekit.models.modules.kind import MODULE_KINDS
+
+    example = design_example("src/densekit/models/modules/kinds/prompt.py")
+    assert example == (ROOT / "src/densekit/models/modules/kinds/prompt.py").read_text(encoding="utf-8")
+    modules_doc = (ROOT / "docs" / "modules.md").read_text(encoding="utf-8")
+    assert [name for name in MODULE_KINDS if f"\n| `{name}` (" not in modules_doc] == []
+
+
+def test_the_pretraining_example_is_the_mlm_task():
+    example = design_example("src/densekit/pretraining/mlm.py")
+    assert example == (ROOT / "src/densekit/pretraining/mlm.py").read_text(encoding="utf-8")
+
+
+def test_the_routing_strategy_example_routes_as_it_says_and_every_strategy_has_a_row_in_the_routing_doc(
+    tiny_model: Path, monkeypatch
+):
+    from densekit.models import DenseEncoder
+    from densekit.routing import strategies
+    from densekit.routing.route import Route
+
+    from .test_modules import TEXTS, put_module
+
+    routing_doc = (ROOT / "docs" / "routing.md").read_text(encoding="utf-8")
+    assert [name for name in strategies.STRATEGIES if f"\n| {name} |" not in routing_doc] == []
+    # the example's strategy is registered for this test only
+    monkeypatch.setattr(strategies, "STRATEGIES", dict(strategies.STRATEGIES))
+    exec(design_example("exec in densekit.routing.strategies"), dict(vars(strategies)))
+    encoder = DenseEncoder.load(tiny_model, pooling="mean", normalize=True).eval()
+    for seed, name in enumerate("ab"):
+        put_module(encoder, "query-lora", name, seed=seed)
+    encoder.activate(None)
+    spec = strategies.RouteSpec.model_construct(type="uniform", modules=["a", "b"])
+    spec.check()
+    uniform = Route(encoder, spec)
+    ids, mask = encoder.pad(encoder.tokenize(TEXTS, "query")).values()
+    with torch.no_grad():
+        expected = strategies.routed_vectors(encoder, ["a", "b"], torch.full((len(TEXTS), 2), 0.5), ids, mask)
+    assert uniform.router is None
+    assert np.allclose(uniform.encode_queries(TEXTS), expected.numpy(), atol=1e-6)
+
+
+def test_the_index_backend_example_loads_its_folder_and_ranks_as_exact_faiss(tmp_path: Path, monkeypatch):
+    from densekit.index import FaissIndex, IndexSpec, SearchIndex
+
+    from .test_index import fake_store
+
+    monkeypatch.setattr(SearchIndex, "backends", dict(SearchIndex.backends))  # registered for this test only
+    namespace: dict = {"__name__": "densekit_example_backend"}
+    exec(design_example("exec"), namespace)
+    vectors = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
+    store = fake_store(tmp_path / "emb", vectors)
+    namespace["build_numpy_index"](store, tmp_path / "index")
+    loaded = SearchIndex.load(tmp_path / "index")
+    assert type(loaded).__name__ == "NumpyIndex" and loaded.rows == 50
+    queries = vectors[:5] + 0.01
+    exact = FaissIndex.from_vectors(vectors, store.ids(), IndexSpec(type="flat"))
+    ours, theirs = (index.search_run(queries, list("abcde"), 10) for index in (loaded, exact))
+    assert [list(ranked) for ranked in ours.values()] == [list(ranked) for ranked in theirs.values()]
