@@ -140,7 +140,7 @@ def run_benchmark(
     names = collection_names(data_dirs)
     if domains is not None and len(domains) != len(data_dirs):
         raise ValueError(f"{len(domains)} domains for {len(data_dirs)} collections")
-    if domains is not None and (route is None or route.spec.type != "fixed"):
+    if domains is not None and (route is None or not route.strategy.takes_domains):
         raise ValueError("domains choose the modules of a fixed route; this benchmark has none")
     if indexes is not None and len(indexes) != len(data_dirs):
         raise ValueError(f"{len(indexes)} indexes for {len(data_dirs)} collections: give one per collection")
@@ -156,7 +156,7 @@ def run_benchmark(
     results = []
     for number, (name, dataset) in enumerate(zip(names, datasets, strict=True), 1):
         log.info("collection %d of %d: %s (%s)", number, len(datasets), name, dataset.root)
-        fixed = route is not None and route.spec.type == "fixed"
+        fixed = route is not None and route.strategy.takes_domains
         domain = (domains[number - 1] if domains is not None else name) if fixed else None
         result = benchmark_collection(
             encoder, model_name, dataset, output / name, split, measures, k, batch_size, show_progress,

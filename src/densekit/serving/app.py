@@ -399,7 +399,7 @@ def _index_info(retriever: Retriever) -> dict:
 def _check_domain(retriever: Retriever, domain: str | None) -> None:
     """A domain goes with a fixed route, which needs one it knows (or a fallback)."""
     route = retriever.route
-    if route is None or route.spec.type != "fixed":
+    if route is None or not route.strategy.takes_domains:
         if domain is not None:
             raise _LimitError("domain: the service routes no queries by domain (it serves no fixed route)")
         return

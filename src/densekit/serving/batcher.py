@@ -256,7 +256,7 @@ class MicroBatcher:
         if job == "passage":  # a route's passages are the base's, as its index's are
             return embed_texts(retriever.encoder, texts, "passage", self.encode_batch, self.precision)
         domains = None
-        if retriever.route is not None and retriever.route.spec.type == "fixed":
+        if retriever.route is not None and retriever.route.strategy.takes_domains:
             domains = [pending.domain for pending in requests for _ in pending.texts]
         return retriever.encode_queries(texts, batch_size=self.encode_batch, precision=self.precision,
                                         domains=domains)  # fmt: skip

@@ -109,9 +109,9 @@ def _names_of(base: str, retriever: Retriever) -> list[tuple[str, ServedName]]:
     passages = ServedName(retriever, "passage")
     names = [(base, passages)]
     route = retriever.route
-    if route is None or route.spec.type != "fixed" or route.spec.fallback is not None:
+    if route is None or not route.strategy.takes_domains or route.spec.fallback is not None:
         names.append((f"{base}:query", ServedName(retriever, "query")))
-    if route is not None and route.spec.type == "fixed":
+    if route is not None and route.strategy.takes_domains:
         names += [(f"{base}:query{DOMAIN_MARK}{domain}", ServedName(retriever, "query", domain))
                   for domain in route.spec.domains]  # fmt: skip
     return [*names, (f"{base}:passage", passages)]
