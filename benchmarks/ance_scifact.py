@@ -24,6 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
@@ -122,7 +123,10 @@ def main() -> None:
     parser.add_argument("--refresh-every", type=int, default=15)
     parser.add_argument("--runs", nargs="+", default=RUNS, choices=RUNS)
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from the logged runs")
-    parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--results", type=Path, default=WORK / "ance_scifact",
+        help="folder of the figures and logs (the committed ones: benchmarks/results)",
+    )
     args = parser.parse_args()
     if args.plot_only:
         plot(args.results)
@@ -131,6 +135,7 @@ def main() -> None:
     dataset = Dataset.open(args.data)
     documents = list(dataset.iter_corpus())
     queries, qrels = dataset.split_queries("test")
+    args.results.mkdir(parents=True, exist_ok=True)
     summary_file = args.results / "ance_scifact.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {"runs": {}}
     for run in args.runs:

@@ -52,6 +52,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.data import Dataset
 
@@ -269,7 +270,7 @@ def main() -> None:
         help="interpreter with sentence-transformers + optimum-onnx for backend='onnx'",
     )
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "cpu_inference_paths.json"
+        "--output", type=Path, default=WORK / "cpu_inference_paths.json"
     )
     args = parser.parse_args()
     started = time.perf_counter()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.data import Dataset
 from densekit.encoding.corpus import encode_corpus
@@ -45,7 +46,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "encode_throughput.json"
+        "--output", type=Path, default=WORK / "encode_throughput.json"
     )
     args = parser.parse_args()
 

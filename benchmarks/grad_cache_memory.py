@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 
 CONFIGURATIONS = [
@@ -59,7 +60,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--child", nargs=5, metavar=("TRAIN", "BATCH", "CACHE", "STEPS", "OUT"))
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "grad_cache_memory.json"
+        "--output", type=Path, default=WORK / "grad_cache_memory.json"
     )
     args = parser.parse_args()
     if args.child:

@@ -7,7 +7,7 @@ query vectors; it reports its anonymous and file-backed resident memory (RssAnon
 index file's, which the kernel may drop and read again; anonymous ones must stay in memory. Run from the
 repository root, e.g. on the scale benchmark's indexes:
 
-    R=/work/runs/scale/100000/out
+    R=runs/benchmarks/scale/100000/out
     nice -n 10 .venv/bin/python -m benchmarks.index_mmap $R/index-{flat,hnsw,ivfpq} --queries $R/queries.npy
 """
 
@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +60,7 @@ def main() -> None:
     parser.add_argument("indexes", type=Path, nargs="+")
     parser.add_argument("--queries", type=Path, required=True, help="a .npy of query vectors")
     parser.add_argument("--k", type=int, default=1000)
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "index_mmap.json")
+    parser.add_argument("--output", type=Path, default=WORK / "index_mmap.json")
     args = parser.parse_args()
     results = []
     for folder in args.indexes:
@@ -68,6 +69,7 @@ def main() -> None:
             row["index_file_mib"] = round((folder / "index.faiss").stat().st_size / 2**20, 1)
             print(json.dumps(row), flush=True)
             results.append(row)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(
         json.dumps({"machine": machine_info(), "k": args.k, "runs": results}, indent=2) + "\n"
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.data import Dataset
 from densekit.models import resolve_model_path
@@ -42,7 +43,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--bucket-batches", type=int, nargs="+", default=[8, 32])
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "length_grouping_padding.json"
+        "--output", type=Path, default=WORK / "length_grouping_padding.json"
     )
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("sentence-transformers/all-MiniLM-L6-v2"))

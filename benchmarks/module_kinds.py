@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from benchmarks.module_storage import folder_bytes
 
@@ -180,7 +181,7 @@ def main() -> None:
     )
     parser.add_argument("--note", default="", help="conditions of the run worth recording")
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "module_kinds.json"
+        "--output", type=Path, default=WORK / "module_kinds.json"
     )
     args = parser.parse_args()
 

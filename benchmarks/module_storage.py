@@ -15,6 +15,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.models import DenseEncoder
 
@@ -49,7 +50,7 @@ def main() -> None:
     parser.add_argument("--run", type=Path, default=Path("runs/multi-domain"))
     parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "module_storage.json"
+        "--output", type=Path, default=WORK / "module_storage.json"
     )
     args = parser.parse_args()
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import peft
 import torch
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.data import Dataset
 from densekit.encoding.embed import embed_texts
@@ -49,7 +50,7 @@ def main() -> None:
     parser.add_argument("--switches", type=int, default=2000)
     parser.add_argument("--note", default="", help="conditions of the run worth recording")
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "module_switching.json"
+        "--output", type=Path, default=WORK / "module_switching.json"
     )
     args = parser.parse_args()
 
@@ -92,6 +93,7 @@ def main() -> None:
         "note": args.note,
         "machine": machine_info(),
     }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=2))
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.data.dataset import Dataset
 from densekit.io.atomic import write_text_atomic
@@ -53,7 +54,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/pooling_attention.json"))
+    parser.add_argument("--output", type=Path, default=WORK / "pooling_attention.json")
     args = parser.parse_args()
     torch.manual_seed(0)
     folder = resolve_model_path(args.model)
@@ -112,6 +113,7 @@ def main() -> None:
         "summary": summary,
         "machine": machine_info(),
     }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.output, json.dumps(result, indent=2) + "\n")
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
@@ -386,7 +387,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (auto: a GPU where there is one)")
     parser.add_argument("--runs", type=Path, default=Path("runs/small-bert"))
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "pretrain_small_bert.json"
+        "--output", type=Path, default=WORK / "pretrain_small_bert.json"
     )
     args = parser.parse_args()
 

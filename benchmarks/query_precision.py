@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.data import Dataset
 from densekit.encoding.embed import embed_texts
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "query_precision.json"
+        "--output", type=Path, default=WORK / "query_precision.json"
     )
     args = parser.parse_args()
 

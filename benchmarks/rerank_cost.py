@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.data.dataset import Dataset
 from densekit.io.atomic import write_text_atomic
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--precision", choices=["float32", "bf16"], default="float32")
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/rerank_cost.json"))
+    parser.add_argument("--output", type=Path, default=WORK / "rerank_cost.json")
     args = parser.parse_args()
     from sentence_transformers import CrossEncoder as STCrossEncoder
 
@@ -94,6 +95,7 @@ def main() -> None:
         "queries": rows,
         "machine": machine_info(),
     }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.output, json.dumps(result, indent=2) + "\n")
 
 

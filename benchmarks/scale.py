@@ -9,11 +9,12 @@ dense), evaluate, fuse, the documents store, the Milvus Lite backend and `serve`
 with the same parameters, and raw bm25s indexing and searching the same texts. A child's wall time is
 timed from outside (so it includes Python's and densekit's imports: the `cli start-up` row is that
 floor); its peak resident memory is the kernel's `ru_maxrss` of that child alone (`os.wait4`). Results
-for each N (with the machine it ran on) are merged into `results/scale.json`, and `results/scale.png`
-plots seconds and peak memory against N, log-log, with each stage's fitted exponent. Run from the
-repository root:
+for each N (with the machine it ran on) are merged into `--output` (runs/benchmarks/scale/scale.json
+unless given; the committed ones are benchmarks/results/scale.json), and the PNG beside it plots seconds
+and peak memory against N, log-log, with each stage's fitted exponent. Collections and artefacts go
+under `--work` (runs/benchmarks/scale). Run from the repository root:
 
-    nice -n 10 .venv/bin/python -m benchmarks.scale --sizes 10000 100000 --work /work/runs/scale
+    nice -n 10 .venv/bin/python -m benchmarks.scale --sizes 10000 100000
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from benchmarks.scale_collection import TEST_QUERIES, generate_collection, is_generated, make_encoder
 
@@ -421,9 +423,9 @@ def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--work", type=Path, default=Path("/work/runs/scale"), help="collections, artefacts")
-    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
+    parser.add_argument("--work", type=Path, default=WORK / "scale", help="collections, artefacts")
+    parser.add_argument("--shared", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--output", type=Path, default=WORK / "scale" / "scale.json")
     parser.add_argument("--skip", nargs="*", default=[], help="stages to leave out (their names as recorded)")
     parser.add_argument(
         "--only",
@@ -435,6 +437,7 @@ def main() -> None:
         "--table", action="store_true", help="print the saved results as a table; run nothing"
     )
     args = parser.parse_args()
+    args.work, args.shared = args.work.resolve(), args.shared.resolve()  # its stages run from the root
     results = json.loads(args.output.read_text()) if args.output.is_file() else {"runs": {}}
     if args.table:
         print(table(results))

@@ -10,9 +10,10 @@ queries (encoded by that encoder) have something to find and `evaluate` measures
 runs, each as its own process as `benchmarks/scale.py` does (wall seconds, the process's own peak
 resident memory): import-embeddings, index ivfpq (the automatic parameters), search of the 1,000 test
 queries (read in and memory-mapped), dense mining of the 2,000 training queries against that index, and
-evaluate. Results, with the machine, go to `results/scale_imported.json`. Run from the repository root:
+evaluate. Results, with the machine, go to `--output` (runs/benchmarks/scale/scale_imported.json unless
+given; the committed ones are benchmarks/results/scale_imported.json). Run from the repository root:
 
-    nice -n 10 .venv/bin/python -m benchmarks.scale_imported --passages 8841823 --work /work/runs/scale
+    nice -n 10 .venv/bin/python -m benchmarks.scale_imported --passages 8841823
 
 `--prepare-only` makes the collection and the vectors and stops (they are kept and reused by size).
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from benchmarks.scale import DENSEKIT, run_children, stage_outputs
 from benchmarks.scale_collection import generate_collection, make_encoder
@@ -146,15 +148,16 @@ def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--passages", type=int, default=MS_MARCO_PASSAGES)
-    parser.add_argument("--work", type=Path, default=Path("/work/runs/scale"), help="collections, artefacts")
-    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
-    results_file = ROOT / "benchmarks" / "results" / "scale_imported.json"
+    parser.add_argument("--work", type=Path, default=WORK / "scale", help="collections, artefacts")
+    parser.add_argument("--shared", type=Path, default=Path("../shared/data"))
+    results_file = WORK / "scale" / "scale_imported.json"
     parser.add_argument("--output", type=Path, default=results_file)
     parser.add_argument("--prepare-only", action="store_true", help="make the collection and vectors; stop")
     parser.add_argument(
         "--only", nargs="+", help="run just these stages again, in place of the earlier run's"
     )
     args = parser.parse_args()
+    args.work, args.shared = args.work.resolve(), args.shared.resolve()  # its stages run from the root
     if args.prepare_only:
         base = args.work / f"imported-{args.passages}"
         data = generate_collection(base / "data", args.passages, args.shared)

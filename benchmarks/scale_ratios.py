@@ -10,7 +10,7 @@ from its file and checked) and its search into a run against bm25s reading the s
 indexing them and retrieving with the same settings. Speed is given as densekit's over the peer's
 (1.0: as fast). Run from the repository root after `benchmarks/scale.py` at that size:
 
-    nice -n 10 .venv/bin/python -m benchmarks.scale_ratios --size 1000000 --work /work/runs/scale
+    nice -n 10 .venv/bin/python -m benchmarks.scale_ratios --size 1000000
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import faiss
 import numpy as np
 import Stemmer
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from benchmarks.search_qps import compare_speed
 from densekit.data import Dataset
@@ -143,7 +144,7 @@ def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--size", type=int, default=1_000_000)
-    parser.add_argument("--work", type=Path, default=Path("/work/runs/scale"))
+    parser.add_argument("--work", type=Path, default=WORK / "scale")
     parser.add_argument(
         "--build-rounds", type=int, nargs=2, default=[3, 1], help="flat, ivfpq; 0: OUTPUT's kept"
     )
@@ -153,7 +154,7 @@ def main() -> None:
         "--kinds", nargs="+", choices=KINDS, default=list(KINDS),
         help="measure only these indexes; the others' entries in OUTPUT are kept, marked `earlier_run`",
     )  # fmt: skip
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "scale_ratios.json")
+    parser.add_argument("--output", type=Path, default=WORK / "scale" / "scale_ratios.json")
     args = parser.parse_args()
     out = args.work / str(args.size) / "out"
     store = EmbeddingStore.open(out / "emb")

@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.recipes.runner import run_recipe
 
@@ -34,7 +35,7 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "scifact_finetune.json"
+        "--output", type=Path, default=WORK / "scifact_finetune.json"
     )
     args = parser.parse_args()
     results = {}

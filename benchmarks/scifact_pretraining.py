@@ -3,7 +3,8 @@
 1. With `--steps N`: pre-trains with Condenser, coCondenser and RetroMAE on the SciFact corpus with the
    settings of `recipes/scifact-cocondenser.yaml` and `recipes/scifact-retromae.yaml` (Condenser: the
    coCondenser settings without the span contrast) for N steps each, and writes each method's log and
-   loss plot into `results/`.
+   loss plot into `--results` (runs/benchmarks/scifact_pretraining unless given; the committed ones:
+   `--results benchmarks/results`).
 2. With `--recipes`: runs `recipes/scifact-two-round.yaml` (fine-tuning alone, with mean pooling as
    all-MiniLM-L6-v2 was trained, and again with the CLS vector, the control for the pre-trained arms),
    `recipes/scifact-cocondenser.yaml` (also with 2 epochs of pre-training instead of 0.5) and
@@ -24,6 +25,7 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data.dataset import Dataset
@@ -130,11 +132,15 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument("--steps", type=int, default=None, help="pre-train each method this many steps")
     parser.add_argument("--recipes", action="store_true", help="run the recipes and collect nDCG@10")
-    parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--results", type=Path, default=WORK / "scifact_pretraining",
+        help="folder of the figures (the committed ones: benchmarks/results)",
+    )
     args = parser.parse_args()
     if args.steps is None and not args.recipes:
         parser.error("say what to measure: --steps N (pre-training losses), --recipes (nDCG@10), or both")
 
+    args.results.mkdir(parents=True, exist_ok=True)
     output_file = args.results / "scifact_pretraining.json"
     output = json.loads(output_file.read_text()) if output_file.is_file() else {}
     output.update(

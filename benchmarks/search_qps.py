@@ -21,6 +21,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.data import Dataset
 from densekit.encoding.corpus import encode_corpus
@@ -84,7 +85,7 @@ def main() -> None:
     parser.add_argument("--embeddings", type=Path, help="an existing `densekit encode` folder of the corpus")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "search_qps.json")
+    parser.add_argument("--output", type=Path, default=WORK / "search_qps.json")
     args = parser.parse_args()
 
     dataset = Dataset.open(args.data)

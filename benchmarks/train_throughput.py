@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import WORK
 from benchmarks.length_grouping_padding import padded_tokens
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
@@ -156,7 +157,7 @@ def main() -> None:
         help="run both trainers under bf16 autocast too in the first K rounds (default: every round)",
     )
     parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "train_throughput.json"
+        "--output", type=Path, default=WORK / "train_throughput.json"
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

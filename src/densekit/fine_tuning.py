@@ -127,7 +127,7 @@ def run_training(
     hooks = [AnceHook(task, output, config.ance)] if config.ance.enabled else []
     trainer = Trainer(
         task, config.optim, config.checkpoint, output, config_yaml, config.log_every, evaluation,
-        show_progress, hooks,
+        show_progress, hooks, config.report_to,
     )  # fmt: skip
     return trainer.train(resume=resumed)
 
@@ -149,6 +149,7 @@ def run_cross_encoder_training(
     ).to(device)
     task = CrossEncoderTask(cross_encoder, examples, texts, config)
     trainer = Trainer(
-        task, config.optim, config.checkpoint, output, config_yaml, config.log_every, None, show_progress
-    )
+        task, config.optim, config.checkpoint, output, config_yaml, config.log_every, None, show_progress,
+        report_to=config.report_to,
+    )  # fmt: skip
     return trainer.train(resume=resumed)

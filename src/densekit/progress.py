@@ -1,15 +1,20 @@
-"""Progress bars for long work, drawn on standard error."""
+"""Progress of long work on standard error: rich's bar on a terminal, and plain lines a log can show
+(done/total, rate, time left) where standard error is a file or a pipe (CI, nohup, a notebook's `!`)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
@@ -17,16 +22,24 @@ from rich.progress import (
 )
 
 stderr_console = Console(stderr=True)
+INTERVAL_VARIABLE = "DENSEKIT_PROGRESS_INTERVAL"
+DEFAULT_INTERVAL_S = 30.0
 
 
 @contextlib.contextmanager
 def progress_bar(
     description: str, total: int | None, enabled: bool = True, completed: int = 0
 ) -> Iterator[Callable[[int], None]]:
-    """Show a bar for `total` units of work; yields `advance(n)`. Draws nothing when disabled."""
+    """Show the progress of `total` units of work; yields `advance(n)`. On a terminal (or in Jupyter) it is
+    rich's bar; elsewhere a plain line at the start, every DENSEKIT_PROGRESS_INTERVAL seconds (30 by
+    default) and at the end. Shows nothing when disabled."""
     if not enabled:
         yield lambda n: None
         return
+    draws_live = stderr_console.is_jupyter or (
+        stderr_console.is_terminal and not stderr_console.is_dumb_terminal
+    )
+    interval = None if draws_live else progress_interval()
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -35,6 +48,67 @@ def progress_bar(
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=stderr_console, transient=False) as progress:
+    # rich keeps the count, rate and time left either way; it draws only where `draws_live`
+    with Progress(*columns, console=stderr_console, transient=False, disable=not draws_live) as progress:
         task = progress.add_task(description, total=total, completed=completed)
-        yield lambda n: progress.advance(task, n)
+        if interval is None:
+            yield lambda n: progress.advance(task, n)
+            return
+        with _lines_every(interval, lambda: _report(progress, task, completed)):
+            yield lambda n: progress.advance(task, n)
+
+
+def progress_interval() -> float:
+    """Seconds between plain progress lines: DENSEKIT_PROGRESS_INTERVAL, or 30."""
+    text = os.environ.get(INTERVAL_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_INTERVAL_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"{INTERVAL_VARIABLE}={text!r}: give the seconds between progress lines, above 0")
+    return seconds
+
+
+@contextlib.contextmanager
+def _lines_every(interval: float, report: Callable[[], None]) -> Iterator[None]:
+    """Call `report` now, every `interval` seconds from a thread, and once more at the end. Written here
+    because rich's own refresh thread draws only on a terminal (to a file it writes the bar once, at the
+    end)."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(interval):
+            report()
+
+    report()
+    ticker = threading.Thread(target=tick, name="densekit-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        report()
+
+
+def _report(progress: Progress, task_id: TaskID, started_at: int) -> None:
+    """Print one plain line of the task's state: "stage: done/total percent · rate · elapsed · ETA"."""
+    task = progress._tasks[task_id]  # rich has no public getter of one task by id
+    done = MofNCompleteColumn().render(task).plain.strip()
+    if task.total is not None:
+        done += " " + TaskProgressColumn().render(task).plain.strip()
+    parts = [f"{task.description}: {done}"]
+    speed = task.speed
+    if speed is None and task.elapsed and task.completed > started_at:
+        # rich's rate needs two advances in its window; one long step (or the end) gives the mean rate
+        speed = (task.completed - started_at) / task.elapsed
+    if speed is not None:
+        parts.append(f"{speed:,.1f} it/s")  # rich's render_speed writes powers of ten in superscript
+    parts.append(f"{TimeElapsedColumn().render(task).plain} elapsed")
+    if task.total is not None and not task.finished:
+        left = None if not speed else (task.total - task.completed) / speed
+        parts.append("ETA " + ("-:--:--" if left is None else str(timedelta(seconds=int(left)))))
+    stderr_console.print(" · ".join(parts), markup=False, highlight=False, soft_wrap=True)

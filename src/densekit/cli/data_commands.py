@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from densekit.cli.options import OverwriteOpt
+from densekit.cli.options import COLLECTION_HELP, DataDirArg, OverwriteOpt, collections
 from densekit.data.trec import read_qrels, read_run
 from densekit.data.validate import validate_dataset
 from densekit.diagnostics import Diagnostics
@@ -27,7 +27,7 @@ console = Console(soft_wrap=True)
 
 
 def validate(
-    data_dir: Annotated[Path, typer.Argument(help="A BEIR or MS MARCO-style collection folder.")],
+    data_dir: DataDirArg,
     split: Annotated[
         list[str] | None, typer.Option("--split", help="Check only these qrels splits (repeatable).")
     ] = None,
@@ -101,7 +101,9 @@ def evaluate_command(
 
 
 def split_queries(
-    data_dir: Annotated[Path, typer.Argument(help="A BEIR collection folder.")],
+    data_dir: Annotated[
+        Path, typer.Argument(help=f"A BEIR collection folder, {COLLECTION_HELP}.", callback=collections)
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="The new collection folder.")],
     take: Annotated[int, typer.Option("--take", min=1, help="Queries to put in the fit split.")],
     split: Annotated[str, typer.Option("--split", help="The qrels split whose queries are split.")] = "test",
@@ -119,7 +121,7 @@ def split_queries(
 
 
 def pseudo_queries(
-    data_dir: Annotated[Path, typer.Argument(help="A BEIR or MS MARCO-style collection folder.")],
+    data_dir: DataDirArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="The training file to write (JSONL).")],
     method: Annotated[
         str,

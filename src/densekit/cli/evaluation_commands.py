@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from densekit.cli.options import (
+    COLLECTION_HELP,
     BackendOpt,
     BatchOpt,
     DepthOpt,
@@ -23,6 +24,7 @@ from densekit.cli.options import (
     PrecisionOpt,
     ProgressOpt,
     SplitOpt,
+    collections,
     load_model,
 )
 from densekit.data.trec import RUN_KIND, read_qrels, read_run, write_run
@@ -59,9 +61,37 @@ def short_names(paths: list[Path]) -> list[str]:
     return [p.as_posix() for p in resolved]
 
 
+def run_labels(paths: list[Path], names: list[str] | None) -> list[str]:
+    """What tables and figures call each run: `names` (one per run, each once) when given; else a run's
+    path from the current folder when it lies under it (`bench-round1/scifact/dense.trec`, which tells
+    the folders of a recipe's runs apart), else the shortest trailing part of its path that tells it
+    from the others."""
+    if names:
+        if len(names) != len(paths):
+            raise ValueError(
+                f"--name given {len(names)} times for {len(paths)} runs: give one per run, in order"
+            )
+        repeated = next((name for name in names if names.count(name) > 1), None)
+        if repeated is not None:
+            raise ValueError(f"--name {repeated!r} is given twice: name each run differently")
+        return list(names)
+    here = Path.cwd().resolve()
+    suffixes = short_names(paths)
+    labels = [
+        p.resolve().relative_to(here).as_posix() if p.resolve().is_relative_to(here) else suffix
+        for p, suffix in zip(paths, suffixes, strict=True)
+    ]
+    return labels if len(set(labels)) == len(labels) else [p.resolve().as_posix() for p in paths]
+
+
 def benchmark(
     model: ModelArg,
-    data_dirs: Annotated[list[Path], typer.Argument(help="Collections (BEIR or MS MARCO-style folders).")],
+    data_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help=f"Collections: BEIR or MS MARCO-style folders, {COLLECTION_HELP}.", callback=collections
+        ),
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="The benchmark folder.")] = Path("benchmark"),
     split: SplitOpt = "test",
     measure: MeasureOpt = None,
@@ -138,10 +168,19 @@ def compare(
     json_file: JsonOpt = None,
     plot: PlotOpt = None,
     overwrite: OverwriteOpt = False,
+    name: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--name",
+            help="What to call each run in the table, the JSON and the plot: once per run, in order "
+            "(default: its path from the current folder, else the end of its path that tells it apart).",
+        ),
+    ] = None,
 ) -> None:
     """Compare runs query by query: each run against the first, per measure, with a paired t-test and
     a paired randomisation test (two-sided), Holm-corrected across the runs; wins, losses, and a plot of
-    the per-query differences (sorted bars)."""
+    the per-query differences (sorted bars). Run names are shown whole, wrapped where the terminal is
+    narrow."""
     from densekit.evaluation.compare import compare_runs, plot_differences
 
     if len(runs) < 2:
@@ -157,18 +196,22 @@ def compare(
     judgements = read_qrels(qrels, diagnostics)
     if len({p.resolve() for p in runs}) != len(runs):
         raise ValueError("a run is given twice")
-    names = short_names(runs)
-    loaded = {name: read_run(path, diagnostics) for name, path in zip(names, runs, strict=True)}
-    for name, run in loaded.items():
+    names = run_labels(runs, name)
+    loaded = {label: read_run(path, diagnostics) for label, path in zip(names, runs, strict=True)}
+    for label, run in loaded.items():
         if not set(run) & set(judgements):
-            raise ValueError(f"{name} and {qrels} share no query ids")
+            raise ValueError(f"{label} and {qrels} share no query ids")
     comparisons = compare_runs(judgements, loaded, measures, trials, seed)
     for comparison in comparisons:
         table = Table(
-            "run", comparison.measure, "difference", "better", "worse", "p (t-test)", "p (randomisation)",
             title=f"{comparison.measure} over {len(judgements)} judged queries; p Holm-corrected over "
             f"{len(comparison.arms)} comparison(s) with the first run",
-        )  # fmt: skip
+        )
+        # the run's name is folded over lines where the table is narrow, never cut (rich's default)
+        table.add_column("run", overflow="fold")
+        headings = (comparison.measure, "difference", "better", "worse", "p (t-test)", "p (randomisation)")
+        for heading in headings:
+            table.add_column(heading, overflow="fold")
         table.add_row(comparison.control, f"{comparison.control_mean:.4f}", "", "", "", "", "")
         for arm in comparison.arms:
             table.add_row(

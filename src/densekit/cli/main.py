@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 import typer
 from rich.logging import RichHandler
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from densekit.cli import (
     data_commands,
@@ -25,7 +27,28 @@ from densekit.diagnostics import DataError
 from densekit.errors import DensekitError
 from densekit.progress import stderr_console
 
+
+class _Commands(TyperGroup):
+    """densekit's command group, whose help shows a flag (`--verbose`, `--overwrite`, `--help`) as taking no
+    value: typer's help labels every option with its type, `<bool>` for a flag, as if it took one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _label_flags_as_flags(self)
+
+
+def _label_flags_as_flags(command: TyperCommand | TyperGroup) -> None:
+    """Give every flag of `command` and of the commands under it an empty type label."""
+    help_option = command.get_help_option(command.context_class(command))
+    for option in [*command.params, help_option]:
+        if getattr(option, "is_flag", False) and option.metavar is None:
+            option.metavar = ""
+    for subcommand in getattr(command, "commands", {}).values():
+        _label_flags_as_flags(subcommand)
+
+
 app = typer.Typer(
+    cls=_Commands,
     name="densekit",
     help="Train, index, evaluate and serve dense text retrievers.",
     no_args_is_help=True,

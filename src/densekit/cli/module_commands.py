@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from densekit.cli.options import DeviceOpt, OverwriteOpt
+from densekit.cli.options import DeviceOpt, OverwriteOpt, collections
 
 log = logging.getLogger("densekit")
 
@@ -165,7 +165,10 @@ def generate(
 @modules_app.command("diagnose")
 def diagnose(
     route_dir: Annotated[Path, typer.Argument(help="A route folder.")],
-    data_dirs: Annotated[list[Path], typer.Argument(help="Collections whose queries are routed.")],
+    data_dirs: Annotated[
+        list[Path],
+        typer.Argument(help="Collections whose queries are routed (folders or names).", callback=collections),
+    ],
     split: Annotated[str, typer.Option(help="The split whose queries are used.")] = "test",
     domain: Annotated[
         list[str] | None,

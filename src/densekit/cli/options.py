@@ -20,7 +20,26 @@ if TYPE_CHECKING:
 ModelArg = Annotated[
     str, typer.Argument(help="A model folder (Hugging Face, sentence-transformers or densekit) or a hub id.")
 ]
-DataDirArg = Annotated[Path, typer.Argument(help="A BEIR or MS MARCO-style collection folder.")]
+
+
+def collections(value: Path | list[Path] | None) -> Path | list[Path] | None:
+    """A collection argument's callback: a name (`irds:<ir_datasets id>`, `hf:<Hugging Face dataset>`)
+    becomes its cached BEIR folder as the arguments are read, so every command reads, and records as
+    its input, a folder (docs/data.md); a path stays as it is."""
+    from densekit.data.named import resolve_collection
+
+    if isinstance(value, list):
+        return [resolve_collection(item) for item in value]
+    return None if value is None else resolve_collection(value)
+
+
+COLLECTION_HELP = "or a collection's name: irds:<ir_datasets id>, hf:<Hugging Face dataset> (docs/data.md)"
+DataDirArg = Annotated[
+    Path,
+    typer.Argument(
+        help=f"A BEIR or MS MARCO-style collection folder, {COLLECTION_HELP}.", callback=collections
+    ),
+]
 SplitOpt = Annotated[str, typer.Option("--split", help="The qrels split whose queries are searched.")]
 DepthOpt = Annotated[
     int,
@@ -55,7 +74,14 @@ BackendOpt = Annotated[
 MmapIndexOpt = Annotated[
     bool, typer.Option("--mmap-index", help="Memory-map the index file, not read it in (docs/scale.md).")
 ]
-ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Draw progress bars.")]
+ProgressOpt = Annotated[
+    bool,
+    typer.Option(
+        "--progress/--no-progress",
+        help="Show progress on standard error: a bar on a terminal, else a plain line (done/total, rate, "
+        "ETA) at the start, every DENSEKIT_PROGRESS_INTERVAL seconds (30) and at the end.",
+    ),
+]
 PoolingOpt = Annotated[Pooling | None, typer.Option("--pooling", help="Override the model's pooling.")]
 NormalizeOpt = Annotated[
     bool | None, typer.Option("--normalize/--no-normalize", help="Override the model's L2 normalisation.")
@@ -132,7 +158,9 @@ def load_model(
     """The encoder MODEL names on `device`, with its route when MODEL is a route folder. A route names its
     base, modules and settings, so `options` and the command's other options that set how it encodes
     (`command_options`, None when not given) are refused with one, naming them; `domain` (a fixed
-    route's) is refused without one, and with one when the route does not route it."""
+    route's) is refused without one, and with one when the route does not route it. A mistyped MODEL or
+    --module folder is refused before torch is imported."""
+    check_model_inputs(model, options)
     from densekit.routing.loading import load_model_or_route
     from densekit.routing.route import is_route_folder
 
@@ -143,6 +171,32 @@ def load_model(
     if route is not None:
         check_route_domains(model, route, domain)
     return encoder, route
+
+
+def check_model_inputs(model: str, options: EncoderOptions) -> None:
+    """Refuse a mistyped MODEL (`check_model_name`) or --module folder, before torch is imported."""
+    check_model_name(model)
+    if options.module is not None and not Path(options.module).is_dir():
+        raise ValueError(f"--module {options.module}: module folder not found")
+
+
+def check_model_name(model: str) -> None:
+    """Refuse MODEL, before torch is imported, when it is no local folder, no bundled model and cannot be
+    a hub id (a mistyped path); whether the hub has an id is asked when the model loads."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    from densekit.models.hub import ModelNotFoundError, resolve_model_path
+
+    if Path(resolve_model_path(model)).exists():
+        return
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        raise ModelNotFoundError(
+            f"model {model!r}: no such folder, and not a hub id (as sentence-transformers/all-MiniLM-L6-v2 "
+            "is)"
+        ) from None
 
 
 def check_route_domains(model: str, route: Route, domain: object) -> None:

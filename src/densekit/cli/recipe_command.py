@@ -35,7 +35,9 @@ def run(
     A step whose parameters or inputs changed since it last ran is run again, with the steps after it.
     --out must be new, empty or a run of a recipe with the same steps, or with steps added after them
     (--overwrite replaces the outputs densekit made there for another recipe). Every step writes inside
-    --out unless --allow-outside-out; recipes and configs are bounded (docs/hostile-input.md).
+    --out unless --allow-outside-out; recipes and configs are bounded (docs/hostile-input.md). The
+    recipe's `expected` scores are set beside the run's only on the collection they were measured on
+    (docs/evaluation.md); a step that leaves something out says so, naming the file that lists it.
     """
     from densekit.recipes.runner import run_recipe
 

@@ -23,6 +23,7 @@ from densekit.cli.options import (
     RemoteCodeOpt,
     SplitOpt,
     TorchPrecisionOpt,
+    check_model_inputs,
     load_model,
     with_encoder_options,
 )
@@ -109,18 +110,20 @@ def encode(
     each indexed on its own; `search` then scores a document by its best passage. An output folder
     holding embeddings of another model, setting or corpus is refused unless --overwrite.
     """
+    if maxp_stride is not None and not maxp:
+        raise ValueError("--maxp-stride needs --maxp")
+    dataset = Dataset.open(data_dir)  # a mistyped folder or model is refused before torch is imported
+    check_model_inputs(model, encoder_options)
     from densekit.encoding.corpus import Shard, encode_corpus
     from densekit.encoding.onnx_backend import use_backend
     from densekit.encoding.passages import MaxPSettings
 
     part = Shard.parse(shard)
-    if maxp_stride is not None and not maxp:
-        raise ValueError("--maxp-stride needs --maxp")
     encoder, _ = load_model(model, device, encoder_options)
     torch_precision = use_backend(encoder, backend, precision, ["passage"])
     meta = encode_corpus(
         encoder,
-        Dataset.open(data_dir),
+        dataset,
         output,
         part,
         batch_size,
@@ -183,16 +186,43 @@ def index(
             help="Refuse, before any work, an index needing more memory than is available (docs/scale.md).",
         ),
     ] = True,
+    target_recall: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0, max=1.0,
+            help="Save the smallest --nprobe (ivfpq, re-ranking with the exact vectors if it must) or "
+            "--ef-search (hnsw) whose recall@10 against exact search meets this on the held-out queries.",
+        ),
+    ] = None,
+    recall_queries: Annotated[
+        int,
+        typer.Option(min=1, help="Held-out queries (the collection's own vectors) recall is measured on."),
+    ] = 1000,
+    queries: Annotated[
+        Path | None,
+        typer.Option(
+            help="Measure recall on these queries (a BEIR queries.jsonl) encoded by --model instead.",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="With --queries: the model that encoded EMBEDDINGS, to encode them.")
+    ] = None,
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
     """Build a Faiss index (inner product) from saved embeddings and save it, or, with --backend milvus,
     write them into a Milvus collection that the saved index folder names (docs/serving.md).
 
+    An hnsw or ivfpq index's recall@10 and @100 against exact search are measured on held-out queries and
+    saved in its manifest; with --target-recall the search setting meeting it is saved as the default of
+    `search`, `mine` and `serve` (docs/scale.md).
+
     OUTPUT must be new, an empty folder or an index folder densekit made (which is replaced).
     """
     from densekit.encoding.store import EmbeddingStore
     from densekit.index import build_index
+    from densekit.index.recall import RecallSettings
+    from densekit.io.artefact import read_manifest
 
     if backend == "milvus":
         from densekit.index.milvus_index import build_milvus_index, default_collection
@@ -212,17 +242,59 @@ def index(
         raise ValueError(f"--backend {backend}: use faiss or milvus")
     if uri is not None or collection is not None:
         raise ValueError("--uri and --collection are for --backend milvus")
+    if target_recall is not None and target_recall <= 0:
+        raise ValueError(f"--target-recall {target_recall}: give a recall above 0, at most 1")
+    if (queries is None) != (model is None):
+        raise ValueError("--queries and --model go together: the queries are encoded by the model that "
+                         "encoded EMBEDDINGS")  # fmt: skip
     try:
         spec = IndexSpec.checked(
             type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction, ef_search=ef_search,
             nlist=nlist, nprobe=nprobe, pq_m=pq_m, pq_bits=pq_bits,
         )  # fmt: skip
-        build_index(
-            EmbeddingStore.open(embeddings), spec, output, show_progress=progress, check_memory=memory_check
-        )
+        store = EmbeddingStore.open(embeddings)
+        recall = RecallSettings(target=target_recall, queries=recall_queries)
+        if queries is not None and model is not None:
+            recall = _encoded_queries(recall, queries, model, store)
+        build_index(store, spec, output, show_progress=progress, check_memory=memory_check, recall=recall)
     except SpecError as err:
         raise _option_error(err) from None
-    log.info("wrote %s", output)
+    measured = read_manifest(output).about.get("recall")  # type: ignore[union-attr]
+    log.info("wrote %s%s", output, _recall_words(measured))
+
+
+def _encoded_queries(recall: Any, queries: Path, model: str, store: Any) -> Any:
+    """`recall` with the vectors of the `queries` file, encoded by `model`, which must be the model that
+    made `store`'s vectors."""
+    from dataclasses import replace
+
+    from densekit.data.jsonl import read_jsonl_queries
+    from densekit.diagnostics import Diagnostics
+    from densekit.encoding.embed import embed_texts
+    from densekit.io.artefact import path_fingerprint
+
+    texts = read_jsonl_queries(queries, Diagnostics())
+    if not texts:
+        raise ValueError(f"--queries {queries}: holds no queries")
+    encoder, _ = load_model(model, "auto", EncoderOptions())
+    if store.identity["model"]["weights"] != encoder.passage_fingerprint():
+        raise ValueError(f"--model {model}: {store.folder} was encoded by other model weights; give the "
+                         "model that encoded it")  # fmt: skip
+    encoder.eval()
+    vectors = embed_texts(encoder, list(texts.values()), "query")
+    source = f"{len(texts)} queries of {queries}, encoded by {model}"
+    return replace(recall, vectors=vectors, source=source, digest=path_fingerprint(queries))
+
+
+def _recall_words(measured: dict[str, Any] | None) -> str:
+    """What the index's output line says of its recall (nothing for a Milvus or unmeasured index)."""
+    if not measured or measured.get("exact"):
+        return " (flat: exact search)" if measured else ""
+    settings = ", ".join(f"{name} {value}" for name, value in measured["parameters"].items())
+    found = ", ".join(f"{key} {value:.4f}" for key, value in measured.items()
+                      if key.startswith("recall@") and value is not None)  # fmt: skip
+    target = f", meeting --target-recall {measured['target']}" if measured.get("target") is not None else ""
+    return f" ({found} against exact search on {measured['held_out']}; {settings}{target})"
 
 
 @with_encoder_options

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from densekit.cli.options import BackendOpt, DeviceOpt, MmapIndexOpt, ModelArg, ModuleOpt
+from densekit.cli.options import BackendOpt, DeviceOpt, MmapIndexOpt, ModelArg, ModuleOpt, check_model_name
 
 if TYPE_CHECKING:
     from densekit.models.encoder import DenseEncoder
@@ -91,6 +91,65 @@ def _module_and_index(text: str) -> tuple[Path, Path]:
     return Path(module_dir), Path(index_dir)
 
 
+# The --precision values each --backend takes; auto is chosen once the model is loaded (`_precision`).
+_PRECISIONS = {"torch": ("auto", "float32", "bf16", "fp16"), "onnx": ("auto", "float32", "int8")}
+
+
+def check_before_loading(
+    model: str,
+    index_dir: Path,
+    corpus: Path | None,
+    module: Path | None,
+    module_index: list[str],
+    backend: str,
+    precision: str,
+) -> list[tuple[Path, Path]]:
+    """Refuse, in one line and before torch is imported, a MODEL that is neither a folder nor a hub id,
+    an index, corpus or module folder that is missing or of another kind, and a --backend or --precision
+    densekit has not; return the --module-index pairs. What needs the model (its route, its index's
+    match, fp16 on a CPU) is checked once it is loaded."""
+    check_model_name(model)
+    _check_index_folder(index_dir)
+    if corpus is not None:
+        from densekit.data.dataset import Dataset
+
+        Dataset.open(corpus)
+    pairs = [_module_and_index(text) for text in module_index]
+    for module_dir in ([module] if module is not None else []) + [pair[0] for pair in pairs]:
+        if not module_dir.is_dir():
+            from densekit.diagnostics import DataError, Problem
+
+            raise DataError([Problem(module_dir, None, "module folder not found")])
+    for _, extra_index in pairs:
+        _check_index_folder(extra_index)
+    _check_precision(backend, precision)
+    return pairs
+
+
+def _check_index_folder(folder: Path) -> None:
+    """Refuse a folder that is not one `densekit index` wrote, as loading it would (its files are
+    checked when it loads)."""
+    from densekit.index.base import KIND
+    from densekit.io.artefact import open_artefact
+
+    open_artefact(folder, KIND, "index folder")
+
+
+def _check_precision(backend: str, precision: str) -> None:
+    """Refuse a --backend densekit has not, and a --precision it does not run."""
+    if backend not in _PRECISIONS:
+        raise ValueError(f"--backend {backend}: expected torch or onnx")
+    if precision in _PRECISIONS[backend]:
+        return
+    if backend == "onnx":
+        raise ValueError(f"--backend onnx runs float32 or int8, not {precision}")
+    if precision == "int8":
+        raise ValueError("--precision int8 runs through ONNX Runtime: add --backend onnx")
+    raise ValueError(
+        f"--precision {precision}: expected auto, float32, bf16, fp16 or (with --backend onnx) int8"
+    )
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -158,7 +217,8 @@ def serve(
     ] = "auto",
     max_batch: Annotated[int, typer.Option(min=1, help="Texts encoded together at most.")] = 64,
     max_wait_ms: Annotated[
-        float, typer.Option(min=0, help="How long a text waits for others to share its batch.")
+        float, typer.Option(min=0, help="How long a text waits for others to share its batch while the "
+                            "service is under concurrent load (a client alone does not wait).")
     ] = 5.0,
     encode_batch: Annotated[
         int, typer.Option(min=1, help="Texts run through the model at a time, sorted by length.")
@@ -202,9 +262,10 @@ def serve(
     GET /documents/{id}, /info, /metrics (Prometheus), /health, a search page at / and the API's docs at
     /docs (docs/serving.md).
 
-    Everything is loaded and checked before the port opens; a port in use is an error before anything
-    loads. Without a token (--api-key-file or DENSEKIT_API_KEY) it serves only on a loopback address. A
-    request whose Host header is not an IP address, localhost, --host or an --allowed-host gets 403.
+    Paths, options and the token are checked before torch is imported, the rest once loaded, before the
+    port opens; a port in use is an error before anything loads. Without a token (--api-key-file or
+    DENSEKIT_API_KEY) it serves only on a loopback address. A request whose Host header is not an IP
+    address, localhost, --host or an --allowed-host gets 403.
     Ctrl-C or SIGTERM finishes the requests in flight, then exits.
     """
     if max_queued < max_queries:
@@ -221,13 +282,16 @@ def serve(
     hosts = allowed_hosts(host, allowed_host or [])
     if backend == "onnx" and module_index:
         raise ValueError(f"--backend {backend} serves one model and its index: not a route or --module-index")
+    # before torch loads: its idle OpenMP threads sleep rather than spin beside the event loop
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (docs/performance.md, "Serving")
     with claim_port(host, port) as sock:  # before torch and the model load: a port in use fails at once
+        extra = check_before_loading(model, index_dir, corpus, module, module_index or [], backend, precision)
         from densekit.serving.app import Batching, Limits, create_app
 
         limits = Limits(max_query_chars=max_query_chars, max_input_chars=max_input_chars, max_k=max_k,
                         max_queries=max_queries, max_hits=max_hits, max_body_bytes=max_body_bytes,
                         max_queued=max_queued, request_timeout_s=request_timeout or None)  # fmt: skip
-        retrievers = _retrievers(model, index_dir, corpus, module, module_index or [], device, mmap_index)
+        retrievers = _retrievers(model, index_dir, corpus, module, extra, device, mmap_index)
         if backend == "onnx" and retrievers[0].route is not None:
             raise ValueError(f"--backend {backend} serves one model and its index: not a route")
         query_precision, precision, reason = _precision(retrievers[0].encoder, backend, precision)
@@ -240,13 +304,19 @@ def serve(
         _serve_on(app, sock, host, port)
 
 
-def _retrievers(model: str, index_dir: Path, corpus: Path | None, module: Path | None,
-                module_index: list[str], device: str, mmap_index: bool) -> list[Retriever]:  # fmt: skip
-    """The retriever of MODEL (with `module`) over `index_dir`, and one per `--module-index` sharing its
-    encoder, the first module active."""
+def _retrievers(
+    model: str,
+    index_dir: Path,
+    corpus: Path | None,
+    module: Path | None,
+    extra: list[tuple[Path, Path]],
+    device: str,
+    mmap_index: bool,
+) -> list[Retriever]:
+    """The retriever of MODEL (with `module`) over `index_dir`, and one per `--module-index` pair (module
+    folder, index folder) sharing its encoder, the first module active."""
     from densekit.retrieval.retriever import Retriever
 
-    extra = [_module_and_index(text) for text in module_index]
     retrievers = [
         Retriever.open(model, index_dir, corpus, module, device, show_progress=True, mmap_index=mmap_index)
     ]

@@ -26,6 +26,25 @@ ResumeOpt = Annotated[
 OverridesArg = Annotated[
     list[str] | None, typer.Argument(help="Config overrides as section.key=value, e.g. optim.epochs=3.")
 ]
+ReportToOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--report-to",
+        metavar="TRACKER",
+        help="Send the training log's scalars and the config to tensorboard, mlflow or wandb (repeat it, or "
+        "separate names by commas; 'none' for none); sets report_to. Each tracker is an optional extra of "
+        "its name (docs/training.md).",
+    ),
+]
+
+
+def report_to_override(names: list[str] | None) -> list[str]:
+    """`--report-to` as a `report_to=[...]` config override; none when the option is not given."""
+    if names is None:
+        return []
+    chosen = [part.strip() for name in names for part in name.split(",") if part.strip()]
+    chosen = [name for name in chosen if name != "none"]
+    return [f"report_to=[{','.join(chosen)}]"]
 
 
 def train(
@@ -43,6 +62,7 @@ def train(
     chunk_size: Annotated[
         int | None, typer.Option(help="Texts per GradCache chunk (grad_cache.chunk_size).")
     ] = None,
+    report_to: ReportToOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
     """Fine-tune a dense encoder contrastively (InfoNCE, in-batch + hard negatives).
@@ -60,6 +80,7 @@ def train(
         extra.append(f"grad_cache.enabled={str(grad_cache).lower()}")
     if chunk_size is not None:
         extra.append(f"grad_cache.chunk_size={chunk_size}")
+    extra += report_to_override(report_to)
     run_training(
         load_config(config, TrainConfig, extra), out, resume=resume, show_progress=progress,
         overwrite=overwrite,
@@ -72,6 +93,7 @@ def train_cross_encoder(
     overrides: OverridesArg = None,
     resume: ResumeOpt = False,
     overwrite: OverwriteOpt = False,
+    report_to: ReportToOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
     """Train a cross-encoder (reranker) on training examples: a listwise softmax over each query's
@@ -82,9 +104,10 @@ def train_cross_encoder(
     from densekit.fine_tuning import run_cross_encoder_training
     from densekit.training.config import CrossEncoderTrainConfig
 
+    extra = list(overrides or []) + report_to_override(report_to)
     run_cross_encoder_training(
-        load_config(config, CrossEncoderTrainConfig, list(overrides or [])), out, resume=resume,
-        show_progress=progress, overwrite=overwrite,
+        load_config(config, CrossEncoderTrainConfig, extra), out, resume=resume, show_progress=progress,
+        overwrite=overwrite,
     )  # fmt: skip
 
 
@@ -238,6 +261,7 @@ def pretrain(
     ] = None,
     resume: ResumeOpt = False,
     overwrite: OverwriteOpt = False,
+    report_to: ReportToOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
     """Pre-train an encoder for retrieval (Condenser, coCondenser, RetroMAE; MLM as a baseline).
@@ -249,7 +273,7 @@ def pretrain(
     from densekit.pretraining.config import PretrainConfig
     from densekit.pretraining.run import run_pretraining
 
-    extra = list(overrides or []) + ([f"method={method}"] if method else [])
+    extra = list(overrides or []) + ([f"method={method}"] if method else []) + report_to_override(report_to)
     run_pretraining(
         load_config(config, PretrainConfig, extra), out, resume=resume, show_progress=progress,
         overwrite=overwrite,

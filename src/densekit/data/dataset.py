@@ -16,6 +16,7 @@ from typing import Literal
 
 from densekit.data.jsonl import iter_jsonl_corpus, read_jsonl_queries
 from densekit.data.lines import count_nonblank_lines
+from densekit.data.named import resolve_collection
 from densekit.data.records import Document, Qrels
 from densekit.data.trec import Judgement, check_judged_ids, read_judgements, to_qrels
 from densekit.data.tsv import iter_tsv_corpus, read_tsv_queries
@@ -37,8 +38,9 @@ class Dataset:
 
     @classmethod
     def open(cls, root: Path | str, diagnostics: Diagnostics | None = None) -> Dataset:
-        """Open the collection at `root`, raising `DataError` if it is in neither layout."""
-        root = Path(root)
+        """Open the collection at `root` (or the cached folder of a name such as `irds:beir/nfcorpus/test`,
+        `densekit.data.named`), raising `DataError` if it is in neither layout."""
+        root = resolve_collection(root)
         if not root.is_dir():
             raise DataError([Problem(root, None, "not a folder")])
         has_beir = (root / "corpus.jsonl").is_file()
@@ -150,8 +152,9 @@ class Dataset:
 
 def input_fingerprint(path: Path | str) -> str:
     """A run input's fingerprint: a collection folder by the files densekit reads from it (so outputs
-    written into it do not count), anything else by its bytes (see `path_fingerprint`)."""
-    path = Path(path)
+    written into it do not count, and a collection's name by its cached folder), anything else by its
+    bytes (see `path_fingerprint`)."""
+    path = resolve_collection(path)
     if path.is_dir() and ((path / "corpus.jsonl").is_file() or (path / "collection.tsv").is_file()):
         return Dataset.open(path).fingerprint()
     return path_fingerprint(path)

@@ -39,6 +39,7 @@ def run_pretraining(
     task = make_task(mlm, corpus, config)
     task.module.to(device)
     trainer = Trainer(
-        task, config.optim, config.checkpoint, output, config_yaml, config.log_every, None, show_progress
-    )
+        task, config.optim, config.checkpoint, output, config_yaml, config.log_every, None, show_progress,
+        report_to=config.report_to,
+    )  # fmt: skip
     return trainer.train(resume=resumed)

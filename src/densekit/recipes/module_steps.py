@@ -137,7 +137,8 @@ class BenchmarkStep(Step):
         for path in self.data:
             Dataset.open(path)  # a missing collection fails before any work
         run_benchmark(
-            encoder, self.name or Path(self.model).name, [Path(p) for p in self.data], Path(self.output),
+            encoder, self.name or self._name or Path(self.model).name, [Path(p) for p in self.data],
+            Path(self.output),
             self.split, self.measures, self.k, self.batch_size, show_progress, overwrite, route, self.domains,
             None if self.indexes is None else [Path(p) for p in self.indexes],
         )  # fmt: skip

@@ -12,7 +12,10 @@ skipped; one started but not finished (killed) runs again and resumes where it c
 parameters or inputs changed runs from scratch, and so do the steps after it: its outputs that
 densekit made are replaced, and an output that densekit did not make is refused, never removed.
 Overrides must name keys the recipe has (or a step's parameters, which are validated). The last
-evaluate step's scores are written to `OUT/metrics.json`.
+evaluate step's scores are written to `OUT/metrics.json`, and set beside the recipe's `expected` ones only
+when that evaluation is of the collection they were measured on (`expected.measured_on.digest`, see
+`collection_digest`); otherwise a line says they are not compared, and why. The runs steps write carry
+the step's name as their tag.
 
 A recipe is refused, before any step runs, when a step writes outside OUT (`..`, an absolute path, a
 link out of it) unless the user passes `allow_outside_out` (`densekit run --allow-outside-out`), or over
@@ -43,11 +46,12 @@ from densekit.configuration import (
     split_override,
     validate_config,
 )
-from densekit.data.dataset import input_fingerprint
+from densekit.data.dataset import Dataset, input_fingerprint
 from densekit.device import resolve_device
 from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import MANIFEST, read_manifest, write_folder_manifest
 from densekit.io.atomic import TEMPORARY, write_text_atomic
+from densekit.io.fingerprint import digest_of
 from densekit.io.outputs import claim_folder
 from densekit.models.hub import resolve_model_path
 from densekit.recipes.module_steps import MODULE_STEP_TYPES
@@ -68,6 +72,9 @@ ALL_STEP_TYPES = {**STEP_TYPES, **MODULE_STEP_TYPES}
 # The characters and values one step's placeholders may expand to; a step of the shipped recipes needs
 # about a thousand, and placeholders naming placeholders could otherwise grow without bound.
 MAX_RESOLVED = 1_000_000
+# How far a score may move from the recipe's `expected` one, on the collection it was measured on, before
+# the difference is a warning: a run on other hardware or library versions moves it by a few thousandths.
+EXPECTED_TOLERANCE = 0.01
 
 
 class _Budget:
@@ -210,6 +217,7 @@ def load_recipe(
     `check_outputs`)."""
     tree = read_yaml(path)
     lines = key_lines(path)
+    _check_expected_section(path, tree.get("expected"), lines)
     if "out" in tree:
         message = "out is the output folder (--out): a recipe cannot set it; give this section another name"
         raise DataError([Problem(Path(path), lines.get(("out",)), message)])
@@ -256,6 +264,7 @@ def _load_step(
     inside = f"steps.{name}."
     step_overrides = [o.removeprefix(inside) for o in overrides if o.startswith(inside)]
     step = _validated(ALL_STEP_TYPES[step_type], resolved, path, f"steps.{name}", step_overrides, step_lines)
+    step._name = name  # type: ignore[attr-defined]
     if isinstance(step, TrainerStep):
         # check the run's own config now, not when the steps before it are done
         config_lines = {key[1:]: n for key, n in step_lines.items() if key[:1] == ("config",)}
@@ -383,7 +392,7 @@ def run_recipe(
             "run recipes in one process; launch multi-process training with torchrun densekit train"
         )
     output = Path(output)
-    _, steps = load_recipe(path, output, overrides or [], allow_outside_out)
+    tree, steps = load_recipe(path, output, overrides or [], allow_outside_out)
     check_steps_device(path, steps, device)
     identity = {"steps": {name: step.type for name, step in steps.items()}}  # type: ignore[attr-defined]
     _take_appended_steps(output, identity)
@@ -428,4 +437,65 @@ def run_recipe(
         return {}
     metrics = json.loads(Path(evaluations[-1].output).read_text(encoding="utf-8"))
     write_text_atomic(output / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    for line in expected_lines(tree.get("expected"), evaluations[-1], metrics, overrides or []):
+        log.log(line[0], "%s", line[1])
     return metrics
+
+
+def collection_digest(data: Path | str, split: str) -> str:
+    """One digest of a collection's corpus, queries and `split`'s judgements: what a recipe's `expected`
+    scores record of the collection they were measured on (`measured_on.digest`). For the test split it
+    is the digest the quickstart recognises collections by."""
+    dataset = Dataset.open(data)
+    files = [dataset.corpus_path, dataset.queries_path(split), dataset.qrels_path(split)]
+    return digest_of({p.relative_to(dataset.root).as_posix(): dataset.digest(p) for p in files})
+
+
+def _check_expected_section(path: Path, expected: Any, lines: dict) -> None:
+    """Refuse an `expected` section that is not measure names with scores and, optionally, `measured_on`
+    with the collection's name and digest."""
+    if expected is None:
+        return
+    where = Path(path), lines.get(("expected",))
+    if not isinstance(expected, dict):
+        raise DataError([Problem(*where, "expected: give measure: score pairs, e.g. {nDCG@10: 0.73}")])
+    for measure, score in expected.items():
+        if measure == "measured_on":
+            if not (isinstance(score, dict) and isinstance(score.get("digest"), str)):
+                message = "expected.measured_on: give {collection: NAME, digest: sha256:...}"
+                raise DataError([Problem(*where, message)])
+        elif isinstance(score, bool) or not isinstance(score, int | float):
+            raise DataError([Problem(*where, f"expected.{measure}: {score!r} is not a score")])
+
+
+def expected_lines(
+    expected: dict[str, Any] | None, evaluation: EvaluateStep, metrics: dict[str, float], overrides: list[str]
+) -> list[tuple[int, str]]:
+    """What the console says of the recipe's `expected` scores, as (logging level, line): each beside the
+    run's when the last evaluation is of the collection they were measured on (its `measured_on.digest`),
+    a warning where one differs by more than EXPECTED_TOLERANCE; otherwise one line saying they are not
+    compared, and why."""
+    if not expected:
+        return []
+    scores = {k: float(v) for k, v in expected.items() if k != "measured_on"}
+    measured_on = expected.get("measured_on") or {}
+    named = measured_on.get("collection", "another collection")
+    if "digest" not in measured_on:
+        return [(logging.INFO, "expected scores not compared: the recipe does not say which collection "
+                               "they were measured on (expected.measured_on)")]  # fmt: skip
+    if collection_digest(evaluation.data, evaluation.split) != measured_on["digest"]:
+        return [(logging.INFO, f"expected scores not compared: they were measured on {named}, and the "
+                               f"evaluation here is on {evaluation.data} ({evaluation.split}), whose corpus, "
+                               "queries or judgements differ")]  # fmt: skip
+    lines = []
+    changed = f" (with overrides {', '.join(overrides)})" if overrides else ""
+    for measure, score in scores.items():
+        if measure not in metrics:
+            lines.append((logging.INFO, f"expected {measure} {score:.4f} not compared: the evaluation "
+                                        f"did not measure it"))  # fmt: skip
+            continue
+        difference = metrics[measure] - score
+        level = logging.WARNING if abs(difference) > EXPECTED_TOLERANCE else logging.INFO
+        lines.append((level, f"{measure} {metrics[measure]:.4f}, expected {score:.4f} on {named} "
+                             f"({difference:+.4f}){changed}"))  # fmt: skip
+    return lines

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from densekit.configuration import dump_config, validate_config
 from densekit.data.dataset import Dataset
@@ -37,6 +38,8 @@ from densekit.retrieval.rerank import rerank_run
 from densekit.retrieval.retriever import Retriever
 from densekit.training.config import CrossEncoderTrainConfig, RunConfig, TrainConfig
 
+log = logging.getLogger("densekit")
+
 
 class Step(BaseModel):
     """Parameters common to every step.
@@ -47,6 +50,14 @@ class Step(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
+    # The step's name in its recipe, set by the runner: the tag of the runs it writes (and the name of a
+    # benchmark's model), so a run tells which step made it. Not a parameter: no record holds it.
+    _name: str = PrivateAttr(default="")
+
+    @property
+    def name_in_recipe(self) -> str:
+        """The step's name in its recipe ("recipe" when it was made outside one)."""
+        return self._name or "recipe"
 
     def inputs(self) -> list[str]:
         """The paths (or hub ids) the step reads; their content is part of its completion marker."""
@@ -98,9 +109,11 @@ class MineStep(Step):
         encoder = DenseEncoder.load(self.model).to(resolve_device(device)) if self.model else None
         index = Path(self.index) if self.index else None
         examples = Path(self.examples) if self.examples else None
-        mine(Dataset.open(self.data), self.split, Path(self.output), self.source, self.settings, encoder,
-             index, batch_size=self.batch_size, show_progress=show_progress, domain=self.domain,
-             examples_file=examples, overwrite=overwrite)  # fmt: skip
+        report = mine(Dataset.open(self.data), self.split, Path(self.output), self.source, self.settings,
+                      encoder, index, batch_size=self.batch_size, show_progress=show_progress,
+                      domain=self.domain, examples_file=examples, overwrite=overwrite)  # fmt: skip
+        for line in mining_left_out(report, self.settings.count, f"{self.output}.report.json"):
+            log.info("step %s: %s", self.name_in_recipe, line)
 
 
 class PseudoQueriesStep(Step):
@@ -119,7 +132,10 @@ class PseudoQueriesStep(Step):
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Write the pseudo-queries."""
-        write_pseudo_queries(Dataset.open(self.data), self.settings, Path(self.output), overwrite)
+        summary = write_pseudo_queries(Dataset.open(self.data), self.settings, Path(self.output), overwrite)
+        line = pseudo_queries_left_out(summary, f"{self.output}.report.json")
+        if line is not None:
+            log.info("step %s: %s", self.name_in_recipe, line)
 
 
 class SplitQueriesStep(Step):
@@ -265,7 +281,8 @@ class SearchStep(Step):
         precision = use_backend(encoder, self.backend, self.precision, ["query"])
         retriever = Retriever(encoder, SearchIndex.load(self.index), dataset=dataset)
         run = retriever.search_run(queries, self.k, self.batch_size, precision, show_progress=show_progress)
-        write_run(Path(self.output), run, inputs=self.inputs(), identity=self.identity(), overwrite=overwrite)
+        write_run(Path(self.output), run, tag=self.name_in_recipe, inputs=self.inputs(),
+                  identity=self.identity(), overwrite=overwrite)  # fmt: skip
 
 
 class BM25Step(Step):
@@ -289,7 +306,7 @@ class BM25Step(Step):
         write_run(
             Path(self.output),
             BM25Index.of_dataset(dataset, self.config, show_progress).search(queries, self.k),
-            tag="bm25",
+            tag=self.name_in_recipe,
             inputs=self.inputs(),
             identity=self.identity(),
             overwrite=overwrite,
@@ -326,8 +343,8 @@ class RerankStep(Step):
             cross_encoder, first, queries, dataset.iter_corpus(), self.depth, self.batch_size, show_progress,
             self.precision,
         )  # fmt: skip
-        write_run(Path(self.output), reranked, tag="rerank", inputs=self.inputs(), identity=self.identity(),
-                  overwrite=overwrite)  # fmt: skip
+        write_run(Path(self.output), reranked, tag=self.name_in_recipe, inputs=self.inputs(),
+                  identity=self.identity(), overwrite=overwrite)  # fmt: skip
 
 
 class FuseStep(Step):
@@ -357,8 +374,8 @@ class FuseStep(Step):
         diagnostics = Diagnostics()
         runs = [read_run(Path(path), diagnostics) for path in self.runs]
         fused = fuse_runs(runs, self.method, self.weights, self.k, self.normalisation, self.depth)
-        write_run(Path(self.output), fused, tag=self.method, inputs=self.inputs(), identity=self.identity(),
-                  overwrite=overwrite)  # fmt: skip
+        write_run(Path(self.output), fused, tag=self.name_in_recipe, inputs=self.inputs(),
+                  identity=self.identity(), overwrite=overwrite)  # fmt: skip
 
 
 class ScoreStep(Step):
@@ -414,6 +431,40 @@ STEP_TYPES: dict[str, type[Step]] = {
     "train_cross_encoder": TrainCrossEncoderStep, "score": ScoreStep, "fuse": FuseStep,
     "split_queries": SplitQueriesStep, "pseudo_queries": PseudoQueriesStep,
 }  # fmt: skip
+
+
+def pseudo_queries_left_out(summary: dict, report_file: str) -> str | None:
+    """The console's line on the documents that gave no pseudo-query, and why (None when every one gave
+    one): "1,184 of 3,204 documents gave no pseudo-query (1,184 too short; see FILE)"."""
+    skipped = summary["documents_without_query"]
+    left = sum(skipped.values())
+    if not left:
+        return None
+    why = ", ".join(f"{n:,} {reason}" for reason, n in skipped.items())
+    return f"{left:,} of {summary['documents']:,} documents gave no pseudo-query ({why}; see {report_file})"
+
+
+def mining_left_out(report: dict, count: int, report_file: str) -> list[str]:
+    """The console's lines on what mining left out, and why: queries with no term of the corpus,
+    candidates the filters removed, queries given fewer negatives than `count` (none when nothing was)."""
+    lines = []
+    queries = f"{report['queries']:,} queries"
+    if report.get("queries_without_terms"):
+        lines.append(f"{len(report['queries_without_terms']):,} of {queries} share no term with the corpus, "
+                     f"so BM25 gave them no candidate (see {report_file})")  # fmt: skip
+    removed = {"positives": report.get("removed_positive", 0),
+               "with a positive's text": report.get("removed_identical_text", 0),
+               "within the margin of a positive's score": report.get("removed_margin", 0)}  # fmt: skip
+    if any(removed.values()):
+        why = ", ".join(f"{n:,} {reason}" for reason, n in removed.items() if n)
+        candidates = f"{report['candidates_in_rank_range']:,} candidates"
+        lines.append(f"the filters left out {sum(removed.values()):,} of {candidates} ({why}; see "
+                     f"{report_file})")  # fmt: skip
+    short = report.get("queries_with_fewer_negatives_than_count", 0)
+    if short:
+        lines.append(f"{short:,} of {queries} got fewer than {count} negatives: too few candidates passed "
+                     f"(see {report_file})")  # fmt: skip
+    return lines
 
 
 def describe(step: Step) -> str:

@@ -13,6 +13,7 @@ from densekit.models.modules.kinds.lora import LoraSpec
 from densekit.models.modules.specs import ModuleSpec
 from densekit.routing.strategies import RouteSpec, TopK, TrainableType, strategy_named
 from densekit.training.groups import Shortfall
+from densekit.training.trackers import TrackerName
 
 NORMALIZED_TEMPERATURE = 0.05
 INNER_PRODUCT_TEMPERATURE = 1.0
@@ -262,7 +263,7 @@ class RunConfig(Section):
     # Keys a resumed run may change: where and how it runs, never what it computes (gradient caching
     # gives the gradients of the whole batch whatever its chunks).
     RESUMABLE_CHANGES: ClassVar[tuple[str, ...]] = (
-        "device", "log_every", "checkpoint.keep", "grad_cache", "eval.batch_size",
+        "device", "log_every", "checkpoint.keep", "grad_cache", "eval.batch_size", "report_to",
         "ance.threads", "ance.poll_seconds", "ance.max_restarts", "ance.batch_size",
     )  # fmt: skip
 
@@ -272,6 +273,19 @@ class RunConfig(Section):
     seed: int = 42
     device: str = "auto"
     log_every: int = Field(10, gt=0)
+    report_to: list[TrackerName] = Field(
+        default_factory=list,
+        description="experiment trackers that get the training log's scalars and the config: tensorboard, "
+        "mlflow, wandb (each an optional extra, e.g. pip install 'densekit[tensorboard]'); none by default",
+    )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_or_none(cls, value: object) -> object:
+        """One name stands for a list of it, and `none` (as Hugging Face's trainer takes it) for none."""
+        if isinstance(value, str):
+            return [] if value == "none" else [value]
+        return value
 
     def input_paths(self) -> dict[str, str]:
         """The run's inputs by their config keys (the model is a folder or a hub id)."""

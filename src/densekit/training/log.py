@@ -1,22 +1,33 @@
-"""The training log (one JSON object a line) and the plot of its curves."""
+"""The training log (one JSON object a line), which feeds the run's experiment trackers, and the plot of
+its curves."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from densekit.io.atomic import atomic_file
 from densekit.plots import pyplot, save_png
+from densekit.training.trackers import Tracker, open_trackers, scalars_of
 
 LOG_FILE = "train_log.jsonl"
 PLOT_FILE = "training_curves.png"
 
 
 class TrainingLog:
-    """Appends records to `folder/train_log.jsonl`; a resumed run first drops records past its step."""
+    """Appends records to `folder/train_log.jsonl` and passes each to the trackers `report_to` names
+    (`densekit.training.trackers`); a resumed run first drops records past its step, and its trackers
+    start from the records kept."""
 
-    def __init__(self, folder: Path, resume_step: int | None = None):
+    def __init__(
+        self,
+        folder: Path,
+        resume_step: int | None = None,
+        report_to: Sequence[str] = (),
+        config_yaml: str = "",
+    ):
         self.path = Path(folder) / LOG_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
@@ -25,11 +36,23 @@ class TrainingLog:
             kept = [r for r in self.records() if r.get("step", 0) <= resume_step]
             with atomic_file(self.path) as handle:
                 handle.writelines(json.dumps(r) + "\n" for r in kept)
+        self.trackers: list[Tracker] = open_trackers(report_to, self.path.parent, config_yaml)
+        for tracker in self.trackers:
+            tracker.replay(self.records())
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record."""
+        """Append one record and log its scalars to each tracker."""
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
+        scalars = scalars_of(record)
+        for tracker in self.trackers:
+            tracker.log(int(record.get("step", 0)), scalars)
+
+    def close(self, failed: bool = False) -> None:
+        """Close the trackers; `failed` when the run stopped on an error."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close(failed)
 
     def records(self) -> list[dict[str, Any]]:
         """Every record so far."""

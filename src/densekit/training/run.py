@@ -11,6 +11,7 @@ from densekit.device import resolve_device
 from densekit.training import distributed
 from densekit.training.config import RunConfig
 from densekit.training.run_folder import prepare_run_folder
+from densekit.training.trackers import check_installed
 
 
 def training_device(setting: str) -> torch.device:
@@ -31,6 +32,7 @@ def start_run(
 
     Returns the device, the config as YAML (checkpoints keep a copy) and whether the run continues.
     """
+    check_installed(config.report_to)  # before anything is made, so a missing extra leaves no folder
     device = training_device(config.device)
     distributed.init_from_environment(device)
     torch.manual_seed(config.seed)

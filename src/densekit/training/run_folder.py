@@ -20,13 +20,16 @@ from densekit.models.hub import resolve_model_path
 from densekit.training.checkpoint import checkpoints
 from densekit.training.config import RunConfig
 from densekit.training.log import LOG_FILE, PLOT_FILE
+from densekit.training.trackers import TRACKER_ENTRIES
 from densekit.training.trainer import BEST_MODEL, CHECKPOINTS, FINAL_MODEL
 
 log = logging.getLogger("densekit")
 
 CONFIG_FILE = "config.yaml"
 # What a run writes in its folder; `--overwrite` removes these and nothing else.
-RUN_ENTRIES = (CONFIG_FILE, CHECKPOINTS, FINAL_MODEL, BEST_MODEL, LOG_FILE, PLOT_FILE, "ance")
+RUN_ENTRIES = (
+    CONFIG_FILE, CHECKPOINTS, FINAL_MODEL, BEST_MODEL, LOG_FILE, PLOT_FILE, "ance", *TRACKER_ENTRIES
+)  # fmt: skip
 
 
 def _drop(tree: dict[str, Any], dotted: str) -> None:

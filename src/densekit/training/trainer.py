@@ -8,16 +8,20 @@ log, a plot of the curves and a progress bar.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import yaml
 
+from densekit.io.artefact import read_manifest
+from densekit.io.model_card import InputFacts, Score, TrainingFacts, add_training, input_size
 from densekit.progress import progress_bar
 from densekit.training import distributed
 from densekit.training.checkpoint import checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint
@@ -29,6 +33,9 @@ log = logging.getLogger("densekit")
 CHECKPOINTS = "checkpoints"
 FINAL_MODEL = "model"
 BEST_MODEL = "best"
+# The command that makes each kind of run folder, for the cards of the models it exports.
+COMMANDS = {"training run": "densekit train", "pre-training run": "densekit pretrain",
+            "cross-encoder training run": "densekit train-cross-encoder"}  # fmt: skip
 
 
 class TrainingTask(Protocol):
@@ -104,8 +111,10 @@ class Trainer:
         evaluation: EvaluationHook | None = None,
         show_progress: bool = True,
         hooks: list[StepHook] | None = None,
+        report_to: Sequence[str] = (),
     ):
         self.task = task
+        self.report_to = list(report_to)
         self.optim = optim
         self.checkpoint = checkpoint
         self.output = Path(output)
@@ -129,6 +138,7 @@ class Trainer:
         )
         self.scaler = torch.amp.GradScaler("cuda") if optim.precision == "fp16" else None
         self.state: dict[str, Any] = {"step": 0, "elapsed_s": 0.0, "best": None, "best_step": None}
+        self._run_facts: TrainingFacts | None = None
 
     @property
     def checkpoint_root(self) -> Path:
@@ -176,20 +186,26 @@ class Trainer:
     def train(self, resume: bool = False) -> dict[str, Any]:
         """Run to the last step and export the final model; returns the trainer state."""
         resumed = self.resume() if resume else False
+        resume_step = self.state["step"] if resumed else None
         training_log = (
-            TrainingLog(self.output, self.state["step"] if resumed else None)
+            TrainingLog(self.output, resume_step, self.report_to, self.config_yaml)
             if distributed.is_main()
             else None
         )
         started = time.perf_counter() - self.state["elapsed_s"]
         self.task.module.train()
+        failed = True
         try:
             self._loop(training_log, started)
+            failed = False
         finally:
             for hook in self.hooks:
                 hook.close()
+            if training_log is not None:
+                training_log.close(failed)
         if distributed.is_main():
             self.task.export(self.output / FINAL_MODEL)
+            self._describe_run(self.output / FINAL_MODEL, training_log, None)
             plot_curves(training_log.path, self.output / PLOT_FILE, title=str(self.output))
         distributed.barrier()
         return self.state
@@ -244,7 +260,40 @@ class Trainer:
             if self.state["best"] is None or value > self.state["best"]:
                 self.state["best"], self.state["best_step"] = value, step
                 self.task.export(self.output / BEST_MODEL)
+                self._describe_run(self.output / BEST_MODEL, training_log, step)
         distributed.barrier()
+
+    def _describe_run(self, model: Path, training_log: TrainingLog, step: int | None) -> None:
+        """Add the run (its command, config, inputs and the scores of evaluation `step`, or of the last
+        evaluation when None) to the card of the model it exported."""
+        try:
+            self._add_run_to_card(model, training_log, step)
+        except Exception as err:  # the card only describes the model, which is saved already
+            log.warning("%s: the model card was not completed (%s)", model / "README.md", err)
+
+    def _add_run_to_card(self, model: Path, training_log: TrainingLog, step: int | None) -> None:
+        if self._run_facts is None:
+            manifest = read_manifest(self.output)
+            if manifest is None:
+                return
+            digests, paths = manifest.identity.get("inputs", {}), manifest.about.get("inputs", {})
+            inputs = [InputFacts(key, str(path), str(digests.get(key, "")), input_size(path))
+                      for key, path in paths.items()]  # fmt: skip
+            command = COMMANDS.get(manifest.kind, manifest.kind)
+            self._run_facts = TrainingFacts(command, self.config_yaml, inputs)
+        evaluations = [r for r in training_log.records() if any(k.startswith("eval/") for k in r)]
+        chosen = [r for r in evaluations if step is None or r["step"] == step][-1:]
+        config = yaml.safe_load(self.config_yaml) or {}
+        collection = Path(str(config.get("data", {}).get("path", ""))).name
+        split = str(config.get("eval", {}).get("split"))
+        command = self._run_facts.command
+        scores = [
+            Score(key.removeprefix("eval/"), value, collection, split, record["step"], command)
+            for record in chosen
+            for key, value in record.items()
+            if key.startswith("eval/")
+        ]
+        add_training(model, dataclasses.replace(self._run_facts, scores=scores))
 
     def _save_checkpoint(self) -> None:
         if distributed.is_main():

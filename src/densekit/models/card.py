@@ -1,0 +1,128 @@
+"""What the cards of model, module and cross-encoder folders say: a summary, the base, the settings and
+how to load the folder in densekit, sentence-transformers and PEFT (`densekit.io.model_card` writes
+them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from densekit.io.model_card import CardFacts, Usage
+
+TAGS = ["densekit", "dense-retrieval"]
+
+
+def encoder_card(folder: Path, source: str, settings: dict[str, Any], tied: bool) -> CardFacts:
+    """The card of a dense encoder folder saved from `source`; a tied one is a sentence-transformers
+    folder too."""
+    name = Path(folder).name
+    code = f'from densekit.models import DenseEncoder\n\nencoder = DenseEncoder.load("{name}")'
+    usage = [Usage("densekit", code)]
+    if tied:
+        usage.append(Usage("sentence-transformers", _st_usage(name, settings)))
+    towers = "one backbone for queries and passages" if tied else "a query tower and a passage tower"
+    return CardFacts(
+        title=name,
+        summary=f"A dense retrieval encoder ({towers}) saved by densekit.",
+        library_name="sentence-transformers" if tied else "densekit",
+        tags=[*TAGS, "sentence-transformers", "sentence-similarity", "feature-extraction"] if tied else TAGS,
+        pipeline_tag="sentence-similarity" if tied else "feature-extraction",
+        details={"base model": source},
+        settings=settings,
+        usage=usage,
+    )
+
+
+def _st_usage(name: str, settings: dict[str, Any]) -> str:
+    code = f'from sentence_transformers import SentenceTransformer\n\nmodel = SentenceTransformer("{name}")\n'
+    query = '"query"' if settings.get("query_prefix") else "None"
+    return code + f'vectors = model.encode(["a question"], prompt_name={query})'
+
+
+def module_card(
+    folder: Path, spec: dict[str, Any], base: dict[str, str], settings: dict[str, Any]
+) -> CardFacts:
+    """The card of a module folder of `spec` on `base`; PEFT loads the towers saved in its layout."""
+    folder = Path(folder)
+    name, source = folder.name, base["source"]
+    code = 'from densekit.models import DenseEncoder\n\n'
+    code += f'encoder = DenseEncoder.load("{source}", module="{name}")'
+    usage = [Usage("densekit", code)]
+    peft_towers = sorted(p.parent for p in folder.glob("*adapter_config.json")) + sorted(
+        p.parent for p in folder.glob("*/adapter_config.json")
+    )
+    for tower in peft_towers:
+        place = tower.relative_to(folder).as_posix()
+        target = name if place == "." else f"{name}/{place}"
+        usage.append(Usage(
+            "PEFT" if place == "." else f"PEFT ({place} tower)",
+            "from peft import PeftModel\nfrom transformers import AutoModel\n\n"
+            f'model = PeftModel.from_pretrained(AutoModel.from_pretrained("{source}"), "{target}")',
+        ))  # fmt: skip
+    return CardFacts(
+        title=name,
+        summary=f"A {spec.get('type')} module (towers: {spec.get('towers')}) for a dense retrieval encoder, "
+        "saved by densekit; it loads only onto the base it was trained on.",
+        library_name="peft" if peft_towers else "densekit",
+        tags=[*TAGS, "module", str(spec.get("type")), *(["peft"] if peft_towers else [])],
+        pipeline_tag="feature-extraction",
+        details={"base model": source, "base weights": base["fingerprint"], "module": str(spec.get("name"))},
+        settings={"module": spec, "encoder": settings},
+        usage=usage,
+    )
+
+
+def cross_encoder_card(folder: Path, source: str, max_length: int) -> CardFacts:
+    """The card of a cross-encoder (reranker) folder, which sentence-transformers' CrossEncoder loads."""
+    name = Path(folder).name
+    return CardFacts(
+        title=name,
+        summary="A cross-encoder (reranker) saved by densekit: it scores a query and a passage together.",
+        library_name="sentence-transformers",
+        tags=[*TAGS, "cross-encoder", "reranker", "text-ranking"],
+        pipeline_tag="text-ranking",
+        details={"base model": source},
+        settings={"max_length": max_length},
+        usage=[
+            Usage(
+                "densekit",
+                "from densekit.models.cross_encoder import CrossEncoder\n\n"
+                f'model = CrossEncoder.load("{name}")',
+            ),
+            Usage(
+                "sentence-transformers",
+                f'from sentence_transformers import CrossEncoder\n\nmodel = CrossEncoder("{name}")\n'
+                'scores = model.predict([("a question", "a passage")])',
+            ),
+        ],
+    )
+
+
+def route_card(folder: Path, description: dict[str, Any]) -> CardFacts:
+    """The card of a route folder (`densekit-route.json` as `description`): a router among saved modules
+    on one base, which densekit loads (with the module folders it names)."""
+    name = Path(folder).name
+    spec, base = description.get("spec", {}), description.get("base", {})
+    modules = description.get("modules", {})
+    return CardFacts(
+        title=name,
+        summary=f"A {spec.get('type')} route among {len(modules)} modules of a dense retrieval encoder, "
+        "saved by densekit: each query is encoded by the modules its router picks. It needs the module "
+        "folders it names and the base they were trained on.",
+        library_name="densekit",
+        tags=[*TAGS, "route", str(spec.get("type"))],
+        pipeline_tag="feature-extraction",
+        details={
+            "base model": str(base.get("source")),
+            "base weights": str(base.get("fingerprint")),
+            **{f"module {m}": str(v.get("folder")) for m, v in modules.items()},
+        },
+        settings={"route": spec, "encoder": description.get("settings", {})},
+        usage=[
+            Usage(
+                "densekit",
+                "from densekit.routing.route import Route\n\n"
+                f'route = Route.load("{name}")\nvectors = route.encode_queries(["a question"])',
+            )
+        ],
+    )
