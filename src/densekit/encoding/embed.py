@@ -33,8 +33,23 @@ def embed_texts(
     With the encoder's `runtime` set (`onnx_backend.use_backend`), batches run through that export,
     which must have been made with the module active now; `precision` is then torch's float32.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    _check_batch_size(batch_size)
+    token_ids = encoder.tokenize(texts, kind) if texts else []
+    return embed_tokens(encoder, token_ids, kind, batch_size, precision, advance, encode)
+
+
+def embed_tokens(
+    encoder: DenseEncoder,
+    token_ids: list[list[int]],
+    kind: TextKind,
+    batch_size: int = 64,
+    precision: Precision = "float32",
+    advance: Callable[[int], None] | None = None,
+    encode: BatchEncoder | None = None,
+) -> np.ndarray:
+    """`embed_texts` of texts already tokenized by `encoder.tokenize(texts, kind)`, for a caller that
+    needs the token ids too (the service counts them), so that texts are tokenized once."""
+    _check_batch_size(batch_size)
     runtime = encoder.runtime
     if runtime is not None:
         if encode is not None:
@@ -46,10 +61,9 @@ def embed_texts(
                 f"the ONNX Runtime export was made with module {runtime.module!r} active, not "
                 f"{encoder.active!r}: export it again"
             )
-    output = np.empty((len(texts), encoder.dimension), dtype=np.float32)
-    if not texts:
+    output = np.empty((len(token_ids), encoder.dimension), dtype=np.float32)
+    if not token_ids:
         return output
-    token_ids = encoder.tokenize(texts, kind)
     device = encoder.device
 
     def step(rows: np.ndarray) -> None:
@@ -67,3 +81,8 @@ def embed_texts(
 
     infer_in_batches(encoder, [len(ids) for ids in token_ids], batch_size, device, precision, step)
     return output
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, got {batch_size}")

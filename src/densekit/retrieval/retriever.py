@@ -16,7 +16,7 @@ import numpy as np
 from densekit.data.dataset import Dataset
 from densekit.data.records import Document, Run
 from densekit.device import Precision
-from densekit.encoding.embed import embed_texts
+from densekit.encoding.embed import embed_texts, embed_tokens
 from densekit.errors import DensekitError
 from densekit.index.base import SearchIndex
 from densekit.models.config import EncoderOptions
@@ -146,9 +146,11 @@ class Retriever:
         precision: Precision = "float32",
         show_progress: bool = False,
         domains: list[str | None] | None = None,
+        token_ids: list[list[int]] | None = None,
     ) -> np.ndarray:
         """The query vectors of `texts`, in their order; with a route, routed (by `domains`, one per text,
-        for a fixed route)."""
+        for a fixed route). `token_ids`, the texts' `encoder.tokenize(texts, "query")` where the caller
+        has it already, spares tokenizing them again (a route tokenizes for itself)."""
         if self.route is not None:
             return self.route.encode_queries(texts, domains, batch_size, precision)
         if domains is not None:
@@ -159,7 +161,9 @@ class Retriever:
                 "make a retriever for the index of that module"
             )
         with progress_bar("encoding queries", len(texts), show_progress) as advance:
-            return embed_texts(self.encoder, texts, "query", batch_size, precision, advance)
+            if token_ids is None:
+                return embed_texts(self.encoder, texts, "query", batch_size, precision, advance)
+            return embed_tokens(self.encoder, token_ids, "query", batch_size, precision, advance)
 
     def search_run(
         self,
@@ -179,11 +183,12 @@ class Retriever:
         vectors = self.encode_queries(texts, batch_size, precision, show_progress, domains)
         return self.index.search_run(vectors, query_ids, k, skip_self)
 
-    def search(self, queries: str | list[str], k: int = 10) -> list[list[Hit]]:
+    def search(self, queries: str | list[str], k: int = 10, batch_size: int = 64) -> list[list[Hit]]:
         """Ranked hits for each query text (a single text is a list of one), with titles and texts when
-        the retriever has the documents."""
+        the retriever has the documents; the queries are sorted by length and run through the model
+        `batch_size` at a time (the service's `encode_batch`: the same batches give the same bits)."""
         texts = [queries] if isinstance(queries, str) else list(queries)
-        return self.hits(self.encode_queries(texts), k)
+        return self.hits(self.encode_queries(texts, batch_size), k)
 
     def hits(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
         """Ranked hits for query vectors made by `encode_queries`; without titles and texts when the

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import hmac
 import ipaddress
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -21,8 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from densekit.device import Precision
 from densekit.retrieval.documents import DocumentsUnavailable
+from densekit.retrieval.hit import Hit
 from densekit.retrieval.retriever import IndexChanged, Retriever
-from densekit.serving import openai_api
+from densekit.serving import api_docs, openai_api
 from densekit.serving.batcher import MicroBatcher, Overloaded, TimedOut, Unencodable
 from densekit.serving.checks import bounded_problems, is_blank, shortened, shown, unencodable_at
 from densekit.serving.metrics import CONTENT_TYPE, MetricsMiddleware, ServiceMetrics
@@ -56,7 +59,9 @@ class Limits(BaseModel):
 
 class Batching(BaseModel):
     """How concurrent requests' texts are gathered and encoded (`MicroBatcher`): at most `max_batch`
-    texts together, waiting at most `max_wait_ms` for company, `encode_batch` at a time through the model."""
+    texts together, waiting at most `max_wait_ms` for company while the service is under concurrent load,
+    `encode_batch` at a time through the model (`Retriever.search(..., batch_size=encode_batch)` gives the
+    same vectors for the same texts)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -214,7 +219,8 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         yield
         await batcher.stop()
 
-    app = FastAPI(title="densekit search", lifespan=lifespan)
+    app = FastAPI(title="densekit search", lifespan=lifespan, docs_url=None, redoc_url=None)
+    api_docs.add_api_docs(app)  # /docs and /redoc with their files served here, not from a CDN
     app.state.batcher = batcher
     app.state.metrics = metrics
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
@@ -223,7 +229,8 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last: outermost, it sees every status
     bearer = HTTPBearer(auto_error=False)
 
-    def authorised(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+    async def authorised(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        # async: a plain function would be run on FastAPI's thread pool, a thread hop per request
         if api_key is None:
             return
         given = credentials.credentials if credentials is not None else ""
@@ -242,8 +249,8 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     @app.get("/info", dependencies=[Depends(authorised)])
     def info() -> dict:
         """The model, the module and index that answer by default, the other modules served, the
-        documents, the precision texts are encoded at and why, the embeddings API's model names and the
-        limits."""
+        documents, the precision texts are encoded at and why, the embeddings API's model names, the
+        limits, the batching and the threads the model computes on."""
         runtime = retriever.encoder.runtime
         return {
             "model": retriever.encoder.source,
@@ -260,6 +267,8 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
             "embedding_models": openai_api.model_list(embedding_names),
             "limits": limits.model_dump(),
             "batching": batching.model_dump(),
+            "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         }
 
     @app.post("/search", dependencies=[Depends(authorised)], response_model=SearchResponse)
@@ -279,8 +288,7 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         hits = await batcher.search(chosen, texts, k, request.domain)
         took = (time.perf_counter() - start) * 1000
         unavailable = chosen.documents.unavailable if chosen.documents is not None else None
-        return SearchResponse(results=[[HitOut(**h.__dict__) for h in row] for row in hits], took_ms=took,
-                              documents_unavailable=unavailable)  # fmt: skip
+        return _search_response(hits, took, unavailable)
 
     @app.post("/v1/embeddings", dependencies=[Depends(authorised)], response_model=EmbeddingsResponse)
     async def embeddings(request: EmbeddingsRequest) -> EmbeddingsResponse:
@@ -300,9 +308,8 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         if chosen.kind == "query":
             _check_domain(chosen.retriever, chosen.domain)
         found = await batcher.embed(chosen.retriever, texts, chosen.kind, chosen.domain)
-        return openai_api.embeddings_response(
-            found.vectors, found.tokens, request.model, request.encoding_format
-        )
+        body = openai_api.embeddings_body(found.vectors, found.tokens, request.model, request.encoding_format)
+        return JSONResponse(body)  # the shape of EmbeddingsResponse, built as it is sent (`_search_response`)
 
     @app.get("/v1/models", dependencies=[Depends(authorised)])
     def models() -> dict:
@@ -367,6 +374,14 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         return _error(request, described, 422)
 
     return app
+
+
+def _search_response(hits: list[list[Hit]], took_ms: float, unavailable: str | None) -> JSONResponse:
+    """`SearchResponse`'s JSON, built straight from the hits: a response model returned instead would be
+    validated again, hit by hit, before being written."""
+    results = [[{"id": h.id, "score": h.score, "title": h.title, "text": h.text} for h in row]
+               for row in hits]  # fmt: skip
+    return JSONResponse({"results": results, "took_ms": took_ms, "documents_unavailable": unavailable})
 
 
 def _error(request: Request, message: str, status: int, headers: dict | None = None) -> JSONResponse:

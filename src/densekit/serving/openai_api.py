@@ -139,17 +139,21 @@ def request_texts(request: EmbeddingsRequest) -> list[str]:
     return list(request.input)  # type: ignore[arg-type]
 
 
-def embeddings_response(
+def embeddings_body(
     vectors: np.ndarray, tokens: int, model: str, encoding_format: Literal["float", "base64"]
-) -> EmbeddingsResponse:
-    """OpenAI's response for `vectors` (one row per input)."""
-    data = []
-    for number, row in enumerate(np.asarray(vectors, dtype="<f4")):
-        if encoding_format == "base64":
-            data.append(EmbeddingOut(embedding=base64.b64encode(row.tobytes()).decode("ascii"), index=number))
-        else:
-            data.append(EmbeddingOut(embedding=row.tolist(), index=number))
-    return EmbeddingsResponse(data=data, model=model, usage=Usage(prompt_tokens=tokens, total_tokens=tokens))
+) -> dict:
+    """OpenAI's response for `vectors` (one row per input), in the shape of `EmbeddingsResponse`, as plain
+    JSON values: a response model returned instead would be validated again, float by float, before
+    being written."""
+    rows = np.asarray(vectors, dtype="<f4")
+    if encoding_format == "base64":
+        embeddings: list = [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
+    else:
+        embeddings = rows.tolist()
+    data = [{"object": "embedding", "embedding": embedding, "index": number}
+            for number, embedding in enumerate(embeddings)]  # fmt: skip
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
 
 
 def error_body(message: str, status: int) -> dict:
