@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from densekit.data.hits import Hits
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.passages import MaxPSettings
 from densekit.encoding.store import EmbeddingStore
+from densekit.index import recall as recall_module
 from densekit.index.base import (
     IDS_FILE,
     KIND,
@@ -30,8 +31,9 @@ from densekit.index.base import (
     index_identity,
     write_ids,
 )
-from densekit.index.memory import check_fits
-from densekit.index.spec import MAX_TRAINING_POINTS, IndexSpec, SpecError
+from densekit.index.memory import IndexTooLarge, amount, available_memory, check_fits, vectors_bytes
+from densekit.index.recall import RecallSettings, gather_rows
+from densekit.index.spec import MAX_TRAINING_POINTS, IndexSpec, SpecError, training_rows
 from densekit.io.artefact import artefact_dir, check_artefact_dir
 from densekit.io.fingerprint import write_digested
 from densekit.io.outputs import check_not_input
@@ -53,10 +55,17 @@ def build_index(
     show_progress: bool = True,
     add_batch: int = _ADD_BATCH,
     check_memory: bool = True,
+    recall: RecallSettings | None = None,
 ) -> Path:
     """Build an index of `spec` over `store` and save it atomically to `output`: trained on a sample,
     filled `add_batch` vectors at a time, each batch read through a memory map of its own, so only the
     index itself and one batch are held in memory.
+
+    Given `recall` (`densekit index` gives one: 1,000 of the collection's own vectors unless told), an
+    approximate index's recall@10 and @100 against exact search are then measured on held-out queries
+    and recorded in the manifest's `about`; with a target, the smallest search setting meeting it is
+    saved in the spec (`densekit.index.recall`), and a target no setting meets is a `TargetUnreachable`
+    error. Without one (None) nothing is measured.
 
     `output` must be new, empty or an index folder densekit made; anything else is refused before
     any work, and so is an output that is, or holds, the embedding folder, and (with `check_memory`) an
@@ -70,17 +79,11 @@ def build_index(
         raise DataError([Problem(store.folder, None, "no embeddings to index")])
     spec = spec.resolved(rows, dimension)
     if check_memory:
-        check_fits(spec, rows, dimension, add_batch, min(rows, _MAX_TRAINING_POINTS))
-
-    def chunks() -> Iterator[tuple[int, np.ndarray]]:
-        offset = 0
-        for part in store.parts:
-            for start, vectors in part.row_chunks(add_batch):
-                yield offset + start, vectors
-            offset += int(part.meta["rows"])
+        check_fits(spec, rows, dimension, add_batch, _training_rows(spec, rows))
+    chunks = recall_module.chunk_reader(store.parts, add_batch)
 
     def sample() -> np.ndarray:
-        chosen = _training_sample(chunks(), rows, seed)
+        chosen = _training_sample(chunks(), rows, seed, _training_rows(spec, rows))
         if not np.isfinite(chosen).all():
             for part in store.parts:  # find the first bad row of all, not the sample's
                 check_finite_rows(part.vectors(), part.stem.with_suffix(".npy"), part.ids)
@@ -103,15 +106,87 @@ def build_index(
             offset += part_rows
     if flat_rows is not None:
         index.ntotal = rows
+    index, spec, measured = _measure(index, spec, store, recall, chunks, check_memory)
     meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp}
     identity = index_identity(store, spec)
+    if recall is not None and recall.identity() is not None:
+        identity["recall_target"] = recall.identity()
     about = {**store.about, "embeddings": str(store.folder)}
+    if measured is not None:
+        about["recall"] = measured
     digests: dict[str, str] = {}
     with artefact_dir(output, KIND, identity, about, digests) as tmp:
         digests[INDEX_FILE] = _write_index(index, tmp / INDEX_FILE)
         write_ids(store, tmp / IDS_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return Path(output)
+
+
+def _training_rows(spec: IndexSpec, rows: int) -> int:
+    """The vectors a resolved `spec` trains on (none for a type that is not trained)."""
+    if spec.type != "ivfpq":
+        return 0
+    assert spec.nlist is not None, "spec not resolved"
+    return training_rows(rows, spec.nlist, _MAX_TRAINING_POINTS)
+
+
+def _measure(
+    index: faiss.Index,
+    spec: IndexSpec,
+    store: EmbeddingStore,
+    settings: RecallSettings | None,
+    chunks: recall_module.Chunks,
+    check_memory: bool,
+) -> tuple[faiss.Index, IndexSpec, dict[str, Any] | None]:
+    """The index (wrapped in re-ranking where a target needs it), its spec with the search setting a
+    target chose, and its recall against exact search on held-out queries (None: not measured)."""
+    if settings is None:
+        return index, spec, None
+    if spec.type == "flat":
+        target = {"target": settings.target} if settings.target is not None else {}
+        return index, spec, recall_module.exact_record() | target
+    held = recall_module.held_out(settings, chunks, len(store))
+    if held.vectors.shape[1] != store.dimension:
+        raise ValueError(f"{held.source}: {held.vectors.shape[1]}-dimensional query vectors for an index of "
+                         f"{store.dimension}")  # fmt: skip
+    chosen = None
+    if settings.target is not None:
+        chosen = recall_module.choose_parameter(index, spec, held, chunks, settings.target)
+        if chosen.best is not None and spec.type == "ivfpq":
+            index = _with_refine(index, store, chunks, check_memory)
+            chosen = recall_module.choose_refined(index, spec, held, chunks, settings.target)
+        if chosen.best is not None:
+            advice = {"ivfpq": "choose a larger --pq-m, a lower --target-recall, or --type flat",
+                      "hnsw": "build with a larger --hnsw-m or --ef-construction, choose a lower "
+                              "--target-recall, or --type flat"}[spec.type]  # fmt: skip
+            raise recall_module.unreachable(settings.target, chosen, held, advice)
+        spec = chosen.spec
+    record = recall_module.measured(index, spec, held, chunks)
+    if chosen is not None:
+        record |= {"target": settings.target, "tried": chosen.tried}
+    if spec.refine_k_factor is not None:
+        record["refine_bytes"] = vectors_bytes(len(store), store.dimension)
+    return index, spec, record
+
+
+def _with_refine(
+    index: faiss.Index, store: EmbeddingStore, chunks: recall_module.Chunks, check_memory: bool
+) -> faiss.Index:
+    """`index` wrapped in faiss's re-ranking with the exact vectors (`IndexRefine` over a flat index,
+    read back as `IndexRefineFlat`), which holds every vector whole: refused first, naming that cost,
+    when it will not fit."""
+    needed = vectors_bytes(len(store), store.dimension)
+    available, source = available_memory()
+    if check_memory and needed > available:
+        raise IndexTooLarge(
+            f"IVF-PQ's codes alone cannot meet --target-recall, and re-ranking with the exact vectors would "
+            f"hold every vector whole, {amount(needed)} more; {amount(available)} are available ({source}): "
+            "choose a lower --target-recall, a larger --pq-m, free memory, or pass --no-memory-check"
+        )
+    exact = faiss.IndexFlatIP(store.dimension)
+    for _, batch in chunks():
+        exact.add(np.ascontiguousarray(batch, dtype=np.float32))
+    return faiss.IndexRefine(index, exact)  # which holds both
 
 
 def _empty_index(spec: IndexSpec, dimension: int, training_sample: Callable[[], np.ndarray]) -> faiss.Index:
@@ -151,17 +226,12 @@ def _reserve_storage(flat: faiss.IndexFlat, rows: int) -> None:
     flat.codes.resize(0)  # the room stays
 
 
-def _training_sample(chunks: Iterable[tuple[int, np.ndarray]], rows: int, seed: int) -> np.ndarray:
-    """Up to `_MAX_TRAINING_POINTS` of `rows` rows, drawn uniformly. `chunks` gives the rows in order as
-    (first row, array), each let go before the next is read: picking rows out of one map of a whole
-    file would leave every page readahead brought in counted as resident (13.5 GB at 8.8M vectors)."""
-    take = min(rows, _MAX_TRAINING_POINTS)
+def _training_sample(
+    chunks: Iterable[tuple[int, np.ndarray]], rows: int, seed: int, take: int
+) -> np.ndarray:
+    """`take` of `rows` rows, drawn uniformly, gathered a chunk at a time (`gather_rows`)."""
     chosen = np.sort(np.random.default_rng(seed).choice(rows, size=take, replace=False))
-    sample = []
-    for first, vectors in chunks:
-        low, high = np.searchsorted(chosen, [first, first + len(vectors)])
-        sample.append(np.array(vectors[chosen[low:high] - first], dtype=np.float32))
-    return np.ascontiguousarray(np.concatenate(sample))
+    return gather_rows(chunks, chosen)
 
 
 class FaissIndex(SearchIndex, backend="faiss"):
@@ -202,8 +272,9 @@ class FaissIndex(SearchIndex, backend="faiss"):
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         check_finite_rows(vectors, Path("<memory>"), lambda: list(ids))
         spec = spec.resolved(len(vectors), vectors.shape[1])
+        take = _training_rows(spec, len(vectors))
         index = _empty_index(
-            spec, vectors.shape[1], lambda: _training_sample([(0, vectors)], len(vectors), seed)
+            spec, vectors.shape[1], lambda: _training_sample([(0, vectors)], len(vectors), seed, take)
         )
         index.add(vectors)
         meta = {
@@ -266,6 +337,8 @@ class FaissIndex(SearchIndex, backend="faiss"):
             faiss.ParameterSpace().set_index_parameter(self.index, "efSearch", spec.ef_search)
         elif self.spec.type == "ivfpq":
             self.parameters.set_index_parameter(self.index, "nprobe", spec.nprobe)
+            if spec.refine_k_factor is not None:
+                self.parameters.set_index_parameter(self.index, "k_factor_rf", spec.refine_k_factor)
 
     def stored_vectors(self, doc_ids: list[str]) -> np.ndarray | None:
         """The vectors indexed for `doc_ids`, exactly as searched, where the index keeps them whole (a
@@ -280,7 +353,8 @@ class FaissIndex(SearchIndex, backend="faiss"):
 
     def search(self, queries: np.ndarray, k: int) -> Hits:
         """The top `k` rows per query (no more than the index holds); ids are looked up only when asked
-        for (`Hits.doc_ids`)."""
+        for (`Hits.doc_ids`). HNSW searches with a candidate list of at least `k` (`ef_search` is the
+        list for fewer results): faiss would return fewer than `k` from a shorter one."""
         if queries.ndim != 2 or queries.shape[1] != self.dimension:
             raise ValueError(
                 f"query vectors of shape {queries.shape}; the index holds dimension {self.dimension}"
@@ -288,7 +362,8 @@ class FaissIndex(SearchIndex, backend="faiss"):
         if k < 1:
             raise ValueError(f"k={k}: at least one result per query must be asked for")
         depth = min(k, max(1, int(self.index.ntotal)))
-        scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), depth)
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        scores, labels = recall_module.search_deep_enough(self.index, queries, depth)
         return Hits(scores, labels, self.ids)
 
 

@@ -24,7 +24,7 @@ def index_bytes(spec: IndexSpec, rows: int, dimension: int) -> int:
 
     flat: the vectors; hnsw: the vectors and the graph (2·M neighbours a vector on level 0, about one
     more on the levels above, 32 bits each); ivfpq: each vector's code and id, the coarse centroids and
-    the product quantiser's centroids.
+    the product quantiser's centroids, and with re-ranking (`refine_k_factor`) every vector whole.
     """
     vectors = rows * dimension * _FLOAT
     if spec.type == "flat":
@@ -34,7 +34,17 @@ def index_bytes(spec: IndexSpec, rows: int, dimension: int) -> int:
     assert spec.nlist is not None and spec.pq_m is not None and spec.pq_bits is not None, "spec not resolved"
     code = math.ceil(spec.pq_m * spec.pq_bits / 8)
     centroids = spec.nlist * dimension * _FLOAT + 2**spec.pq_bits * dimension * _FLOAT
-    return rows * (code + _ID) + centroids
+    return rows * (code + _ID) + centroids + refine_bytes(spec, rows, dimension)
+
+
+def refine_bytes(spec: IndexSpec, rows: int, dimension: int) -> int:
+    """What IVF-PQ's re-ranking with the exact vectors adds to its index: every vector whole."""
+    return vectors_bytes(rows, dimension) if spec.refine_k_factor is not None else 0
+
+
+def vectors_bytes(rows: int, dimension: int) -> int:
+    """The bytes of `rows` float32 vectors of `dimension`."""
+    return rows * dimension * _FLOAT
 
 
 def build_bytes(spec: IndexSpec, rows: int, dimension: int, add_batch: int, training_rows: int) -> int:
@@ -97,6 +107,9 @@ def largest_part(spec: IndexSpec, rows: int, dimension: int) -> tuple[str, str]:
         (2**spec.pq_bits * dimension * _FLOAT, f"--pq-bits {spec.pq_bits} makes its PQ centroids",
          "a smaller --pq-bits"),
     ]  # fmt: skip
+    if spec.refine_k_factor is not None:
+        culprit = f"re-ranking (refine k_factor {spec.refine_k_factor}) keeps every vector whole"
+        parts.append((vectors, culprit, "a lower --target-recall, a larger --pq-m"))
     size, culprit, smaller = max(parts, key=lambda part: part[0])
     return f"{culprit} {amount(size)}", f"choose {smaller}"
 

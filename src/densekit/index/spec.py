@@ -13,8 +13,12 @@ IndexType = Literal["flat", "hnsw", "ivfpq"]
 
 # Faiss's k-means wants at least this many training points per centroid.
 MIN_POINTS_PER_CENTROID = 39
-# The most vectors an index trains on (a uniform sample of them); IVF cannot have more lists.
+# The fewest vectors IVF-PQ trains on (a uniform sample of them, or all where there are fewer); IVF cannot
+# have more lists.
 MAX_TRAINING_POINTS = 256 * 1024
+# The training vectors drawn per inverted list where that is more than MAX_TRAINING_POINTS: faiss warns
+# under 39 (MIN_POINTS_PER_CENTROID); 64 leaves a margin at a sample of 1.1 GiB for 8.8M 384-d vectors.
+TRAINING_POINTS_PER_LIST = 64
 # HNSW: faiss builds no graph levels with M = 1 (and crashes adding to it); past 1024 neighbours a node
 # the graph outweighs the vectors it links (8 KiB a vector), and a flat index searches them exactly.
 MAX_HNSW_M = 1024
@@ -55,6 +59,10 @@ class IndexSpec(BaseModel):
     nlist: int | None = Field(
         None, gt=0, le=MAX_TRAINING_POINTS, description="IVF: inverted lists (default 4·sqrt(n), capped)"
     )
+    refine_k_factor: int | None = Field(
+        None, gt=0, le=MAX_EF,
+        description="IVF-PQ: re-rank k x this many candidates with the exact vectors (None: no re-ranking)",
+    )
     nprobe: int = Field(
         32, gt=0, le=MAX_TRAINING_POINTS, description="IVF: lists visited per query (at most nlist are)"
     )
@@ -81,10 +89,14 @@ class IndexSpec(BaseModel):
     def resolved(self, rows: int, dimension: int) -> IndexSpec:
         """This spec with every automatic parameter chosen for `rows` vectors of `dimension`.
 
-        Automatic IVF-PQ parameters give Faiss's k-means at least `MIN_POINTS_PER_CENTROID` training
-        vectors per centroid; given ones that Faiss cannot train with raise `SpecError`.
+        Automatic IVF-PQ parameters give Faiss's k-means at least `MIN_POINTS_PER_CENTROID` vectors of its
+        training sample (`training_rows`) per centroid, for the inverted lists and for each
+        sub-quantiser's codes; given ones that Faiss cannot train with raise `SpecError`.
         """
         if self.type != "ivfpq":
+            if self.refine_k_factor is not None:
+                reason = "only ivfpq indexes re-rank candidates"
+                raise SpecError("refine_k_factor", self.refine_k_factor, reason)
             return self
         if rows < MIN_IVFPQ_ROWS:
             raise SpecError(
@@ -92,14 +104,14 @@ class IndexSpec(BaseModel):
                 f"({MIN_POINTS_PER_CENTROID} per centroid), not {rows}; use flat for so few"
             )  # fmt: skip
         nlist = self.nlist or max(1, min(int(4 * math.sqrt(rows)), rows // MIN_POINTS_PER_CENTROID))
-        trained = min(rows, MAX_TRAINING_POINTS)
+        trained = training_rows(rows, nlist)
         if nlist > trained:
             reason = f"more inverted lists than the {trained} vectors to train them on"
             raise SpecError("nlist", nlist, reason)
         pq_m = self.pq_m or _largest_divisor_at_most(dimension, max(1, dimension // 4))
         if dimension % pq_m:
             raise SpecError("pq_m", pq_m, f"sub-quantisers must divide the dimension {dimension}")
-        pq_bits = self.pq_bits or max(1, min(8, int(math.log2(rows // MIN_POINTS_PER_CENTROID))))
+        pq_bits = self.pq_bits or max(1, min(8, int(math.log2(trained // MIN_POINTS_PER_CENTROID))))
         if 2**pq_bits > rows:
             raise SpecError(
                 "pq_bits", pq_bits, f"{2**pq_bits} centroids per sub-quantiser, more than the {rows} vectors "
@@ -113,7 +125,14 @@ class IndexSpec(BaseModel):
             return "Flat"
         if self.type == "hnsw":
             return f"HNSW{self.hnsw_m},Flat"
-        return f"IVF{self.nlist},PQ{self.pq_m}x{self.pq_bits}"
+        refine = ",RFlat" if self.refine_k_factor is not None else ""
+        return f"IVF{self.nlist},PQ{self.pq_m}x{self.pq_bits}{refine}"
+
+
+def training_rows(rows: int, nlist: int, floor: int = MAX_TRAINING_POINTS) -> int:
+    """How many of `rows` vectors IVF-PQ with `nlist` lists trains on: `TRAINING_POINTS_PER_LIST` a list,
+    and at least `floor`, or every row where there are fewer."""
+    return min(rows, max(floor, TRAINING_POINTS_PER_LIST * nlist))
 
 
 def _largest_divisor_at_most(number: int, limit: int) -> int:
