@@ -1,6 +1,6 @@
 """`densekit serve` checks its paths, flags and token before importing torch or loading the model: a
 mistyped folder or a public address without a token is refused in one line, at once; so do the commands
-that load a model (`encode` here) for a mistyped model, data or module folder."""
+that load a model (`encode` and `search` here) for a mistyped model, data or module folder."""
 
 from __future__ import annotations
 
@@ -73,6 +73,18 @@ _CASES = {
     "encode: mistyped module": (
         "encode {model} {data} --output {empty}/emb --module {empty}/adapter",
         ["--module", "module folder not found"],
+    ),
+    "search: mistyped index": (
+        "search {model} {index}x {data} --output {empty}/run.trec",
+        ["{index}x", "index folder not found"],
+    ),
+    "search: mistyped data": (
+        "search {model} {index} {data}x --output {empty}/run.trec",
+        ["{data}x", "not a folder"],
+    ),
+    "search: mistyped model": (
+        "search {empty}/model {index} {data} --output {empty}/run.trec",
+        ["{empty}/model", "no such folder"],
     ),
 }
 

@@ -180,6 +180,15 @@ def check_model_inputs(model: str, options: EncoderOptions) -> None:
         raise ValueError(f"--module {options.module}: module folder not found")
 
 
+def check_index_folder(folder: Path) -> None:
+    """Refuse, before torch is imported, a folder that is not one `densekit index` wrote, as loading it
+    would (its files are checked when it loads)."""
+    from densekit.index.base import KIND
+    from densekit.io.artefact import open_artefact
+
+    open_artefact(folder, KIND, "index folder")
+
+
 def check_model_name(model: str) -> None:
     """Refuse MODEL, before torch is imported, when it is no local folder, no bundled model and cannot be
     a hub id (a mistyped path); whether the hub has an id is asked when the model loads."""

@@ -23,6 +23,7 @@ from densekit.cli.options import (
     RemoteCodeOpt,
     SplitOpt,
     TorchPrecisionOpt,
+    check_index_folder,
     check_model_inputs,
     load_model,
     with_encoder_options,
@@ -332,17 +333,19 @@ def search(
     """Encode a split's queries and write their top k documents from the index as a TREC run. MODEL may be
     a route folder (docs/routing.md): queries are then routed among its modules, over an index of the
     base's passages."""
-    from densekit.encoding.onnx_backend import use_backend
-    from densekit.index import SearchIndex
-    from densekit.retrieval.retriever import Retriever
-
     module = encoder_options.module
     inputs = [index_dir, data_dir, model, *([module] if module else [])]
     settings = {"split": split, "k": k, "backend": backend, "precision": precision, "ef_search": ef_search,
                 "nprobe": nprobe, **encoder_options.overrides(), "domain": domain}  # fmt: skip
     identity = command_identity("search", settings, inputs)
     check_file_output(output, RUN_KIND, inputs, identity, overwrite)
+    check_model_inputs(model, encoder_options)
+    check_index_folder(index_dir)
     dataset = Dataset.open(data_dir)
+    from densekit.encoding.onnx_backend import use_backend
+    from densekit.index import SearchIndex
+    from densekit.retrieval.retriever import Retriever
+
     queries, _ = dataset.split_queries(split)
     encoder, route = load_model(
         model, device, encoder_options, domain, backend=None if backend == "torch" else backend

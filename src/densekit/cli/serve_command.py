@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from densekit.cli.options import BackendOpt, DeviceOpt, MmapIndexOpt, ModelArg, ModuleOpt, check_model_name
+from densekit.cli.options import (
+    BackendOpt,
+    DeviceOpt,
+    MmapIndexOpt,
+    ModelArg,
+    ModuleOpt,
+    check_index_folder,
+    check_model_name,
+)
 
 if TYPE_CHECKING:
     from densekit.models.encoder import DenseEncoder
@@ -109,7 +117,7 @@ def check_before_loading(
     densekit has not; return the --module-index pairs. What needs the model (its route, its index's
     match, fp16 on a CPU) is checked once it is loaded."""
     check_model_name(model)
-    _check_index_folder(index_dir)
+    check_index_folder(index_dir)
     if corpus is not None:
         from densekit.data.dataset import Dataset
 
@@ -121,18 +129,9 @@ def check_before_loading(
 
             raise DataError([Problem(module_dir, None, "module folder not found")])
     for _, extra_index in pairs:
-        _check_index_folder(extra_index)
+        check_index_folder(extra_index)
     _check_precision(backend, precision)
     return pairs
-
-
-def _check_index_folder(folder: Path) -> None:
-    """Refuse a folder that is not one `densekit index` wrote, as loading it would (its files are
-    checked when it loads)."""
-    from densekit.index.base import KIND
-    from densekit.io.artefact import open_artefact
-
-    open_artefact(folder, KIND, "index folder")
 
 
 def _check_precision(backend: str, precision: str) -> None:
