@@ -220,6 +220,19 @@ def test_index_prints_and_records_recall_and_a_target(clustered, capsys, tmp_pat
     assert code == 2 and err == "error: --target-recall 0.0: give a recall above 0, at most 1\n"
 
 
+def test_recall_options_on_an_exact_index_are_refused_in_one_line(capsys, tmp_path: Path):
+    folder = fake_store(tmp_path / "emb", np.eye(8, dtype=np.float32)).folder
+    command = ["index", folder, "-o", tmp_path / "index", "--no-progress", "--target-recall", "0.9"]
+    code, err, _ = cli(capsys, *command)
+    assert code == 2 and err == (
+        "error: --target-recall: an index of --type flat searches exactly (recall 1); these options are for "
+        "--type hnsw or ivfpq\n"
+    )
+    code, err, _ = cli(capsys, *command, "--backend", "milvus", "--uri", str(tmp_path / "m.db"))
+    assert code == 2 and "an index of --backend milvus searches exactly" in err and err.count("\n") == 1
+    assert not (tmp_path / "index").exists() and not (tmp_path / "m.db").exists()
+
+
 def test_recall_on_real_queries_encoded_by_the_model_that_made_the_vectors(
     capsys, tiny_st_model: Path, beir_dir: Path, tmp_path: Path
 ):

@@ -96,7 +96,7 @@ def _lines_every(interval: float, report: Callable[[], None]) -> Iterator[None]:
 
 def _report(progress: Progress, task_id: TaskID, started_at: int) -> None:
     """Print one plain line of the task's state: "stage: done/total percent · rate · elapsed · ETA"."""
-    task = progress._tasks[task_id]  # rich has no public getter of one task by id
+    (task,) = [task for task in progress.tasks if task.id == task_id]
     done = MofNCompleteColumn().render(task).plain.strip()
     if task.total is not None:
         done += " " + TaskProgressColumn().render(task).plain.strip()

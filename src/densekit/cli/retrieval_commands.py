@@ -225,6 +225,7 @@ def index(
     from densekit.index.recall import RecallSettings
     from densekit.io.artefact import read_manifest
 
+    _check_recall_options(backend, index_type, target_recall, queries, model)
     if backend == "milvus":
         from densekit.index.milvus_index import build_milvus_index, default_collection
 
@@ -243,11 +244,6 @@ def index(
         raise ValueError(f"--backend {backend}: use faiss or milvus")
     if uri is not None or collection is not None:
         raise ValueError("--uri and --collection are for --backend milvus")
-    if target_recall is not None and target_recall <= 0:
-        raise ValueError(f"--target-recall {target_recall}: give a recall above 0, at most 1")
-    if (queries is None) != (model is None):
-        raise ValueError("--queries and --model go together: the queries are encoded by the model that "
-                         "encoded EMBEDDINGS")  # fmt: skip
     try:
         spec = IndexSpec.checked(
             type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction, ef_search=ef_search,
@@ -262,6 +258,24 @@ def index(
         raise _option_error(err) from None
     measured = read_manifest(output).about.get("recall")  # type: ignore[union-attr]
     log.info("wrote %s%s", output, _recall_words(measured))
+
+
+def _check_recall_options(
+    backend: str, index_type: str, target_recall: float | None, queries: Path | None, model: str | None
+) -> None:
+    """Refuse recall options that would do nothing: Milvus and flat indexes search exactly, so there is no
+    recall to measure or target (and no reason to encode --queries)."""
+    if target_recall is not None and target_recall <= 0:
+        raise ValueError(f"--target-recall {target_recall}: give a recall above 0, at most 1")
+    if (queries is None) != (model is None):
+        raise ValueError("--queries and --model go together: the queries are encoded by the model that "
+                         "encoded EMBEDDINGS")  # fmt: skip
+    given = [name for name, value in (("--target-recall", target_recall), ("--queries", queries))
+             if value is not None]  # fmt: skip
+    exact = "--backend milvus" if backend == "milvus" else "--type flat" if index_type == "flat" else None
+    if given and exact is not None:
+        raise ValueError(f"{' and '.join(given)}: an index of {exact} searches exactly (recall 1); these "
+                         "options are for --type hnsw or ivfpq")  # fmt: skip
 
 
 def _encoded_queries(recall: Any, queries: Path, model: str, store: Any) -> Any:
