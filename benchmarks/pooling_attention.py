@@ -13,16 +13,14 @@ whole forward pass is reported beside it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from benchmarks import WORK
+from benchmarks import rounds_parser
 from benchmarks.machine import machine_info
 from densekit.data.dataset import Dataset
 from densekit.io.atomic import write_text_atomic
@@ -49,13 +47,7 @@ def _timed(function, repeats: int) -> float:
 
 def main() -> None:
     """Time the variants and write the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
-    parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--output", type=Path, default=WORK / "pooling_attention.json")
-    args = parser.parse_args()
+    args = rounds_parser(__doc__, "pooling_attention.json").parse_args()
     torch.manual_seed(0)
     folder = resolve_model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(folder)

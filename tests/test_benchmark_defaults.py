@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(
     path.stem
     for path in (ROOT / "benchmarks").glob("*.py")
-    if "ArgumentParser(" in path.read_text(encoding="utf-8")
+    if path.stem != "__init__"
+    and any(made in path.read_text(encoding="utf-8") for made in ("ArgumentParser(", "rounds_parser("))
 )
 
 

@@ -79,7 +79,8 @@ def embed_tokens(
         if advance is not None:
             advance(len(rows))
 
-    infer_in_batches(encoder, [len(ids) for ids in token_ids], batch_size, device, precision, step)
+    pads = runtime is not None or encode is not None or not encoder.computes_only_tokens(kind)
+    infer_in_batches(encoder, [len(ids) for ids in token_ids], batch_size, device, precision, step, pads)
     return output
 
 

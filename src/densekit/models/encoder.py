@@ -24,6 +24,7 @@ from densekit.models.loading import (
     validated_file,
 )
 from densekit.models.modules.module import EncoderModule, ModuleError, is_module_folder, read_module_file
+from densekit.models.packed import packed_hidden, packs
 from densekit.models.pooling import pool, without_prompt
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
 
@@ -299,6 +300,15 @@ class DenseEncoder(torch.nn.Module):
             self._prompt_lengths[prefix] = len(ids) - trailing
         return self._prompt_lengths[prefix]
 
+    def computes_only_tokens(self, kind: TextKind) -> bool:
+        """Whether inference on a padded batch of `kind` texts (by the active module, on this device)
+        computes only their tokens, so that padding costs next to nothing: the base alone, a BERT on a
+        CPU (`densekit.models.packed`); training computes every position."""
+        return self.active is None and self._packs(kind)
+
+    def _packs(self, kind: TextKind) -> bool:
+        return self.device.type == "cpu" and packs(self.backbone(kind))
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind) -> torch.Tensor:
         """Vectors for a padded batch of `kind` texts, by the active module."""
         return self.encode_with(self.active, input_ids, attention_mask, kind)
@@ -311,7 +321,9 @@ class DenseEncoder(torch.nn.Module):
         if module_name is not None:
             self.require_module(module_name)
         module = None if module_name is None else self.attached[module_name]
-        if module is None:
+        if module is None and not self.training and not torch.is_grad_enabled() and self._packs(kind):
+            hidden = packed_hidden(self.backbone(kind), input_ids, attention_mask)
+        elif module is None:
             hidden = self.backbone(kind)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         else:
             tower = module.query_tower if kind == "query" else module.passage_tower

@@ -60,14 +60,14 @@ class Limits(BaseModel):
 class Batching(BaseModel):
     """How concurrent requests' texts are gathered and encoded (`MicroBatcher`): at most `max_batch`
     texts together, waiting at most `max_wait_ms` for company while the service is under concurrent load,
-    `encode_batch` at a time through the model (`Retriever.search(..., batch_size=encode_batch)` gives the
-    same vectors for the same texts)."""
+    at most `encode_batch` at a time through the model (`Retriever.search(..., batch_size=encode_batch)`
+    gives the same vectors for the same texts)."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_batch: int = Field(64, ge=1)
     max_wait_ms: float = Field(5.0, ge=0)
-    encode_batch: int = Field(16, ge=1)
+    encode_batch: int = Field(32, ge=1)
 
 
 class SearchRequest(BaseModel):
