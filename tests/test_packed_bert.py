@@ -14,7 +14,7 @@ from transformers import BertConfig, BertModel, DistilBertConfig, DistilBertMode
 from densekit.encoding.embed import embed_texts
 from densekit.models import DenseEncoder
 from densekit.models.modules.kinds.lora import LoraSpec
-from densekit.models.packed import packed_hidden, packs
+from densekit.models.packed import attention_groups, packed_hidden, packs
 
 TEXTS = ["a", "a short query", "a longer query about cells, genes and the proteins they make " * 3, "two"]
 
@@ -25,15 +25,22 @@ def encoder(tiny_model: Path) -> DenseEncoder:
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_hidden_states_are_bert_models_on_kept_tokens_and_zero_on_padding(encoder: DenseEncoder, side: str):
+@pytest.mark.parametrize("order", ["as given", "longest first"])
+def test_hidden_states_are_bert_models_on_kept_tokens_and_zero_on_padding(
+    encoder: DenseEncoder, side: str, order: str
+):
     backbone = encoder.backbone("query").eval()
+    token_ids = encoder.tokenize([*TEXTS, "a query long enough to take its attention apart " * 6], "query")
+    if order == "longest first":  # as inference sorts them: attention then runs in groups by length
+        token_ids.sort(key=len, reverse=True)
     encoder.tokenizer.padding_side = side
     try:
-        inputs = encoder.pad(encoder.tokenize(TEXTS, "query"))
+        inputs = encoder.pad(token_ids)
     finally:
         encoder.tokenizer.padding_side = "right"
     kept = inputs["attention_mask"].bool()
     assert not kept.all()  # the batch holds padding
+    assert len(attention_groups(inputs["attention_mask"])) == (1 if order == "as given" else 2)
     with torch.inference_mode():
         expected = backbone(**inputs).last_hidden_state
         packed = packed_hidden(backbone, inputs["input_ids"], inputs["attention_mask"])
@@ -76,3 +83,17 @@ def test_only_a_plain_bert_encoder_is_packed(tiny_model: Path):
     assert not with_module.computes_only_tokens("query")
     with_module.activate(None)
     assert with_module.computes_only_tokens("query")
+
+
+def test_a_long_batch_without_padding_runs_transformers_own_pass(encoder: DenseEncoder):
+    inputs = encoder.pad(encoder.tokenize(["the same passage, long enough " * 14] * 3, "passage"))
+    assert inputs["attention_mask"].all() and inputs["attention_mask"].shape[1] > 64
+    whole_passes: list[int] = []
+    hook = encoder.backbone("passage").register_forward_hook(lambda *_: whole_passes.append(1))
+    encoder.eval()
+    try:
+        with torch.inference_mode():
+            encoder(inputs["input_ids"], inputs["attention_mask"], kind="passage")
+    finally:
+        hook.remove()
+    assert whole_passes  # packing would only add its gathers

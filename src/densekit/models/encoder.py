@@ -24,7 +24,7 @@ from densekit.models.loading import (
     validated_file,
 )
 from densekit.models.modules.module import EncoderModule, ModuleError, is_module_folder, read_module_file
-from densekit.models.packed import packed_hidden, packs
+from densekit.models.packed import packed_hidden, packs, worth_packing
 from densekit.models.pooling import pool, without_prompt
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
 
@@ -64,6 +64,12 @@ def check_finite(model: torch.nn.Module, source: str | Path) -> None:
     for name, tensor in model.state_dict().items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise DataError([Problem(Path(source), None, f"weight {name!r} holds NaN or infinite values")])
+
+
+def _exporting() -> bool:
+    """Whether the forward pass is being traced (an ONNX export): the graph must hold transformers'
+    pass, whose shapes follow the inputs', not the packed one's shapes of the traced batch."""
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 class DenseEncoder(torch.nn.Module):
@@ -302,8 +308,9 @@ class DenseEncoder(torch.nn.Module):
 
     def computes_only_tokens(self, kind: TextKind) -> bool:
         """Whether inference on a padded batch of `kind` texts (by the active module, on this device)
-        computes only their tokens, so that padding costs next to nothing: the base alone, a BERT on a
-        CPU (`densekit.models.packed`); training computes every position."""
+        computes only their tokens where padding is worth skipping, so that padding costs next to
+        nothing: the base alone, a BERT on a CPU (`densekit.models.packed`); training computes every
+        position."""
         return self.active is None and self._packs(kind)
 
     def _packs(self, kind: TextKind) -> bool:
@@ -321,7 +328,8 @@ class DenseEncoder(torch.nn.Module):
         if module_name is not None:
             self.require_module(module_name)
         module = None if module_name is None else self.attached[module_name]
-        if module is None and not self.training and not torch.is_grad_enabled() and self._packs(kind):
+        if (module is None and not self.training and not torch.is_grad_enabled() and not _exporting()
+                and self._packs(kind) and worth_packing(attention_mask)):  # fmt: skip
             hidden = packed_hidden(self.backbone(kind), input_ids, attention_mask)
         elif module is None:
             hidden = self.backbone(kind)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
