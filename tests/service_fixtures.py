@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -106,3 +107,32 @@ def in_thread(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def headless_chromium(profile: Path, *extra_arguments: str, log_requests: bool = False):
+    """Headless chromium through selenium (a fresh profile in `profile`), with `extra_arguments` and,
+    with `log_requests`, a performance log of every request it sends; where the browser is missing, a
+    skip saying what to install, or a failure in CI (`CI=true`), where .ci/run installs it."""
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        import pytest
+
+        missing = "the browser test needs Debian's chromium and chromium-driver (apt install them)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{missing}: CI installs them, so their absence is a fault of the CI set-up")
+        pytest.skip(missing)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    # this machine has no network: chromium's own background connections are turned off, not refused
+    arguments = ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900",
+                 "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
+                 *extra_arguments]  # fmt: skip
+    for argument in arguments:
+        options.add_argument(argument)
+    if log_requests:
+        options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -15,7 +14,7 @@ from fastapi.testclient import TestClient
 from densekit.retrieval.retriever import Retriever
 from densekit.serving.app import create_app
 
-from .service_fixtures import TOKEN, client, in_thread
+from .service_fixtures import TOKEN, client, headless_chromium, in_thread
 
 # What a page holds itself, and the browser's own pages (its new tab), never fetched from a host.
 _LOCAL_SCHEMES = {"data", "blob", "about", "chrome", "chrome-untrusted"}
@@ -47,33 +46,6 @@ def test_the_docs_keep_the_services_host_check(retriever: Retriever):
             assert checked.get(path, headers=local).status_code == 200, path
 
 
-def _offline_browser(profile: Path):
-    """Headless chromium that resolves no name but 127.0.0.1 (so no other host can be reached) and logs
-    every request it makes; a skip or, in CI, a failure where chromium is missing (as the search page's
-    browser tests)."""
-    import os
-
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        missing = "the browser test needs Debian's chromium and chromium-driver (apt install them)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{missing}: CI installs them, so their absence is a fault of the CI set-up")
-        pytest.skip(missing)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    arguments = ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900",
-                 "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
-                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]  # fmt: skip
-    for argument in arguments:
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
-
-
 def _requested(browser) -> list[str]:
     """The URLs of every request the browser sent, from its performance log."""
     messages = (json.loads(entry["message"])["message"] for entry in browser.get_log("performance"))
@@ -86,7 +58,8 @@ def test_the_docs_render_offline_and_ask_no_other_host(retriever: Retriever, tmp
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser = _offline_browser(tmp_path / "profile")
+    no_other_host = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"  # resolves 127.0.0.1 alone
+    browser = headless_chromium(tmp_path / "profile", no_other_host, log_requests=True)
     try:
         with in_thread(create_app(retriever, TOKEN, allowed_hosts=[])) as url:
             _requested(browser)  # read (and so cleared): what the browser asked for before the page

@@ -30,7 +30,7 @@ from densekit.serving.app import create_app
 from densekit.serving.batcher import MicroBatcher
 
 from .conftest import CORPUS, QUERIES
-from .service_fixtures import AUTH, TOKEN, client, free_port, serve_process
+from .service_fixtures import AUTH, TOKEN, client, free_port, headless_chromium, serve_process
 from .test_outputs import cli
 
 
@@ -202,39 +202,13 @@ def test_the_document_store_sits_beside_the_index(served, retriever: Retriever):
     assert store_path(index).name == "index.documents.sqlite"
 
 
-def _browser(profile: Path):
-    """Headless chromium through selenium (a fresh profile in `profile`); where the browser is missing, a
-    skip saying what to install, or a failure in CI (`CI=true`), where .ci/run installs it."""
-    import os
-    import shutil
-
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        missing = "the browser test needs Debian's chromium and chromium-driver (apt install them)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{missing}: CI installs them, so their absence is a fault of the CI set-up")
-        pytest.skip(missing)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    # this machine has no network: chromium's own background connections are turned off, not refused
-    arguments = ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900",
-                 "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}"]  # fmt: skip
-    for argument in arguments:
-        options.add_argument(argument)
-    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
-
-
 @pytest.mark.browser
 def test_the_search_page_in_a_real_browser_shows_the_first_hit(served, retriever: Retriever, tmp_path: Path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser = _browser(tmp_path / "profile")
+    browser = headless_chromium(tmp_path / "profile")
     process, url = serve_process(served, tmp_path)
     try:
         query = QUERIES[1]["text"]
@@ -277,7 +251,7 @@ def test_the_search_page_shows_markup_in_a_document_as_text(make_beir, tiny_st_m
     data = make_beir(corpus=corpus, qrels={"test": [("q1", "evil", 1)]})
     encode_corpus(DenseEncoder.load(tiny_st_model), Dataset.open(data), tmp_path / "emb", show_progress=False)
     build_index(EmbeddingStore.open(tmp_path / "emb"), IndexSpec(), tmp_path / "index", show_progress=False)
-    browser = _browser(tmp_path / "profile")
+    browser = headless_chromium(tmp_path / "profile")
     process, url = serve_process((data, tmp_path / "index", tiny_st_model), tmp_path)
     try:
         browser.get(url + "/")

@@ -12,7 +12,8 @@ from densekit.device import Precision, autocast
 
 # What one more forward pass costs on a CPU beyond the tokens it computes, in tokens' worth of compute:
 # all-MiniLM-L6-v2 on SciFact's queries (23 tokens on average) in groups of 32 and 64 as they arrive ran
-# as fast at 64, 128 and 256 (within 3%), and 1.4x as fast as in fixed batches of 32 (benchmarks/README.md).
+# within 4% of each other at 64, 128 and 256 (a one-off sweep), and 1.2 to 1.3x as fast as in fixed
+# batches of 32 (benchmarks/results/inference_padding.json).
 CPU_PASS_TOKENS = 128
 
 

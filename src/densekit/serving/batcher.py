@@ -79,9 +79,10 @@ class MicroBatcher:
     what else arrives within `max_wait_ms`; a client alone is not kept waiting. It encodes them together
     per module and job on one thread of its own, off the event loop, and answers every request from it,
     each text tokenized once (the vectors and an embedding's token count). The texts gathered are sorted by
-    length and run through the model at most `encode_batch` at a time, cut where padding would cost more
-    than another forward pass (`densekit.inference.length_batches`), so short queries are not padded to
-    the longest of many.
+    length and run through the model at most `encode_batch` at a time, so short queries cost little for
+    sharing a batch with long ones: a plain BERT on a CPU computes only their tokens
+    (`densekit.models.packed`), other models cut batches where padding would cost more than another pass
+    (`densekit.inference.length_batches`).
 
     At most `max_queued` texts wait: a request that would pass that gets `Overloaded` at once, with a
     retry delay estimated from the recent encoding speed. A request not answered within `timeout`
