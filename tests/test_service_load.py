@@ -116,7 +116,8 @@ def test_a_request_past_its_timeout_gets_503_and_its_queries_are_never_encoded(r
     assert isinstance(answer, TimedOut) and answer.retry_after >= 1
     assert batches == 0
 
-    app = create_app(retriever, TOKEN, Limits(request_timeout_s=0.05), Batching(max_wait_ms=1000))
+    # one worker, which waits for company (two would each take their share, half a request: at once)
+    app = create_app(retriever, TOKEN, Limits(request_timeout_s=0.05), Batching(max_wait_ms=1000, workers=1))
     with TestClient(app) as http:
         refused = http.post("/search", json={"query": "cats"}, headers=AUTH)
         embedded = http.post("/v1/embeddings", json={"input": "cats", "model": retriever.encoder.source},

@@ -41,8 +41,10 @@ def _concurrently(app: FastAPI, requests: list[tuple[str, dict]]) -> list[httpx.
 
 
 def _app(retriever: Retriever, encode_batch: int) -> FastAPI:
-    """The service over `retriever`, waiting long enough for every concurrent request to be gathered."""
-    return create_app(retriever, TOKEN, batching=Batching(max_wait_ms=500, encode_batch=encode_batch))
+    """The service over `retriever`, waiting long enough for every concurrent request to be gathered
+    into one batch (one worker: two would each take half)."""
+    gathered = Batching(max_wait_ms=500, encode_batch=encode_batch, workers=1)
+    return create_app(retriever, TOKEN, batching=gathered)
 
 
 @pytest.mark.parametrize("encode_batch", [16, 5])

@@ -226,6 +226,11 @@ def serve(
         int, typer.Option(min=1, help="Most texts run through the model at a time, sorted by length "
                           "(fewer where the padding would cost more than another pass).")
     ] = 32,
+    encode_workers: Annotated[
+        int | None, typer.Option(min=1, help="Batches encoded at once, each on a thread of its own: one "
+                                 "encoded while the next is gathered (default: 2 on a CPU, 1 on a GPU or "
+                                 "with --backend onnx).")
+    ] = None,
     max_k: Annotated[int, typer.Option(min=1, help="Most hits a query may ask for.")] = 1000,
     max_hits: Annotated[
         int, typer.Option(min=1, help="Most hits one /search request may ask for: its queries times k.")
@@ -298,7 +303,8 @@ def serve(
         if backend == "onnx" and retrievers[0].route is not None:
             raise ValueError(f"--backend {backend} serves one model and its index: not a route")
         query_precision, precision, reason = _precision(retrievers[0].encoder, backend, precision)
-        batching = Batching(max_batch=max_batch, max_wait_ms=max_wait_ms, encode_batch=encode_batch)
+        batching = Batching(max_batch=max_batch, max_wait_ms=max_wait_ms, encode_batch=encode_batch,
+                            workers=encode_workers)  # fmt: skip
         app = create_app(retrievers, api_key, limits, batching, query_precision,
                          served_model_name or model, open_metrics, reason, hosts)  # fmt: skip
         _enable_faulthandler()

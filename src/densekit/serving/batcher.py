@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
+import faiss
 import numpy as np
+import torch
 
 from densekit.device import Precision
 from densekit.encoding.embed import embed_tokens
@@ -72,8 +76,54 @@ class _Pending:
     domain: str | None = None
 
 
+def default_workers(retriever: Retriever) -> int:
+    """Encoding workers for a service over `retriever`: two for PyTorch on a CPU with two compute threads
+    or more, so that one batch is encoded while the next is gathered (each on its share of the
+    threads: `MicroBatcher`); one on a GPU, which one batch at a time fills, and for an ONNX runtime,
+    whose own thread pool takes every core for each batch."""
+    encoder = retriever.encoder
+    on_cpu = encoder.device.type == "cpu" and encoder.runtime is None
+    return 2 if on_cpu and torch.get_num_threads() >= 2 else 1
+
+
+class _EncoderUse:
+    """Which module each encoder encodes with, for workers encoding at once: a worker waits while
+    another uses the same encoder with another module (`encoder.activate` changes it for every caller),
+    and a route, which switches modules itself, uses its encoder alone. Tokenising is one worker at a
+    time per encoder: a fast tokenizer refuses a call ("Already borrowed") while another thread's call
+    holds it with other settings (queries and passages are truncated to different lengths)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._users: dict[int, tuple[object, int]] = {}  # id(encoder) -> (module in use, workers using it)
+        self._tokenizing: dict[int, threading.Lock] = {}
+
+    @contextlib.contextmanager
+    def using(self, retriever: Retriever) -> Iterator[None]:
+        """Hold `retriever`'s encoder with its module active for the block."""
+        key = id(retriever.encoder)
+        wanted: object = object() if retriever.route is not None else retriever.module  # a route: alone
+        with self._changed:
+            self._changed.wait_for(lambda: self._users.get(key, (wanted, 0))[1] == 0
+                                   or self._users[key][0] == wanted)  # fmt: skip
+            self._users[key] = (wanted, self._users.get(key, (wanted, 0))[1] + 1)
+            retriever.encoder.activate(retriever.module)
+        try:
+            yield
+        finally:
+            with self._changed:
+                module, users = self._users[key]
+                self._users[key] = (module, users - 1)
+                self._changed.notify_all()
+
+    def tokenizing(self, retriever: Retriever) -> threading.Lock:
+        """The lock under which `retriever`'s encoder tokenizes."""
+        with self._changed:
+            return self._tokenizing.setdefault(id(retriever.encoder), threading.Lock())
+
+
 class MicroBatcher:
-    """Queues each request's texts; one worker takes every request waiting when it is free (up to
+    """Queues each request's texts; a worker takes every request waiting when it is free (up to
     `max_batch` texts) and those still arriving (parsed and queued while it lets the event loop run a few
     turns), then, while the service is under concurrent load (its last batch held several requests),
     what else arrives within `max_wait_ms`; a client alone is not kept waiting. It encodes them together
@@ -91,8 +141,13 @@ class MicroBatcher:
     seconds)` hears of each. When encoding a batch of several requests fails, each is encoded again on
     its own, so that one request's text the tokenizer refuses fails that request only (`Unencodable`).
 
-    The worker is the only one to encode, so retrievers sharing one encoder with different modules
-    (`serve --module-index`) are safe: it activates each module before encoding its texts."""
+    With `workers` above one, as many batches are gathered and encoded at once, each on a thread of its
+    own: a worker gathers at most its share of the texts in flight (so that at 32 requests in flight two
+    batches of 16 alternate, one encoded while the other's answers are written and its next requests
+    parsed); a batch of one request with no other being encoded (a client alone) runs on all `threads`
+    compute threads, every other on its worker's share of them. Retrievers sharing one encoder with
+    different modules (`serve --module-index`) are safe: a worker activates each module before encoding
+    its texts, and waits while another worker encodes with another module of the same encoder."""
 
     def __init__(
         self,
@@ -103,11 +158,13 @@ class MicroBatcher:
         timeout: float | None = None,
         on_batch: Callable[[int, float], None] | None = None,
         encode_batch: int = 32,
+        workers: int = 1,
+        threads: int | None = None,
     ):
-        if min(max_batch, max_queued, encode_batch) < 1 or max_wait_ms < 0:
+        if min(max_batch, max_queued, encode_batch, workers, threads or 1) < 1 or max_wait_ms < 0:
             raise ValueError(
-                f"max_batch {max_batch}, max_queued {max_queued} and encode_batch {encode_batch} must be "
-                f">= 1, max_wait_ms {max_wait_ms} >= 0"
+                f"max_batch {max_batch}, max_queued {max_queued}, encode_batch {encode_batch}, workers "
+                f"{workers} and threads {threads} must be >= 1, max_wait_ms {max_wait_ms} >= 0"
             )
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout {timeout} must be > 0 seconds")
@@ -118,33 +175,43 @@ class MicroBatcher:
         self.max_queued = max_queued
         self.timeout = timeout
         self.on_batch = on_batch
+        self.workers = workers
+        self.threads = threads or torch.get_num_threads()
         self.batches = 0
         self.queued = 0  # texts waiting, not yet taken into a batch
+        self.in_flight = 0  # texts of requests not yet answered, queued or being encoded
         self._seconds_per_text = 0.0  # a moving average over recent batches, for Retry-After
         self._queue: asyncio.Queue[_Pending] | None = None
-        self._worker: asyncio.Task | None = None
-        self._encoding: ThreadPoolExecutor | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._threads: list[ThreadPoolExecutor] = []
         self._busy = True  # whether the last batch held several requests (before the first: assumed)
+        self._encoder_use = _EncoderUse()
+        self._counting = threading.Lock()
+        self._encoding = 0  # batches being encoded now
+        self._in_flight_seen: deque[int] = deque([0], maxlen=2 * workers)  # as the last batches were gathered
 
     async def start(self) -> None:
-        """Start the worker on the running event loop, and the one thread it encodes on."""
+        """Start the workers on the running event loop, and the thread each encodes on."""
         self._queue = asyncio.Queue()
-        # one thread, always the same: the model's thread pool (OpenMP's) stays that of one caller
-        self._encoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="densekit-encode")
-        self._worker = asyncio.create_task(self._work())
+        # a thread per worker, always the same: the model's thread pool (OpenMP's) stays that of one caller
+        self._threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"densekit-encode-{n}")
+                         for n in range(self.workers)]  # fmt: skip
+        self._tasks = [asyncio.create_task(self._work(thread)) for thread in self._threads]
 
     async def stop(self) -> None:
-        """Stop the worker once it has answered what is queued."""
-        if self._worker is None or self._queue is None:
+        """Stop the workers once they have answered what is queued."""
+        if not self._tasks or self._queue is None:
             return
         await self._queue.join()
-        self._worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._worker
-        self._worker = None
-        if self._encoding is not None:
-            self._encoding.shutdown(wait=True)
-            self._encoding = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        for thread in self._threads:
+            thread.shutdown(wait=True)
+        self._threads = []
 
     async def search(
         self, retriever: Retriever, texts: list[str], k: int, domain: str | None = None
@@ -170,13 +237,25 @@ class MicroBatcher:
             raise Overloaded(self.queued, self.retry_after())
         pending = _Pending(retriever, texts, job, asyncio.get_running_loop().create_future(), k, domain)
         self.queued += len(texts)
+        self.in_flight += len(texts)
         self._queue.put_nowait(pending)
         try:
             return await asyncio.wait_for(pending.done, self.timeout)
         except TimeoutError:  # wait_for cancelled the future: the worker skips it if it has not begun
             raise TimedOut(self.timeout or 0.0, self.retry_after()) from None
+        finally:
+            self.in_flight -= len(texts)
 
-    async def _work(self) -> None:
+    def _most(self) -> int:
+        """The most texts a worker gathers now, within `max_batch`: its share of those in flight, now or
+        when the last few batches were gathered (so that at 32 requests in flight two groups of 16
+        alternate rather than splitting into ever smaller batches); all of them for a worker alone."""
+        if self.workers == 1:
+            return self.max_batch
+        in_flight = max(self.in_flight, *self._in_flight_seen)
+        return min(self.max_batch, max(1, math.ceil(in_flight / self.workers)))
+
+    async def _work(self, thread: ThreadPoolExecutor) -> None:
         assert self._queue is not None
         loop = asyncio.get_running_loop()
         while True:
@@ -184,7 +263,7 @@ class MicroBatcher:
             size = await self._gather_arriving(batch)
             # a timed wait for company pays only under concurrent load: not for a client alone
             deadline = time.monotonic() + (self.max_wait if self._busy else 0.0)
-            while size < self.max_batch:
+            while size < self._most():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -195,11 +274,12 @@ class MicroBatcher:
                 batch.append(nxt)
                 size += len(nxt.texts)
             self._busy = len(batch) > 1
+            self._in_flight_seen.append(self.in_flight)
             live = [pending for pending in batch if not pending.done.done()]
             try:
                 if live:
                     started = time.perf_counter()
-                    outcomes = await loop.run_in_executor(self._encoding, self._answer_apart, live)
+                    outcomes = await loop.run_in_executor(thread, self._answer_on_share, live)
                     self._measured(sum(len(p.texts) for p in live), time.perf_counter() - started)
                     for pending, outcome in zip(live, outcomes, strict=True):
                         _settle(pending.done, outcome)
@@ -218,7 +298,7 @@ class MicroBatcher:
         assert self._queue is not None
         size = sum(len(pending.texts) for pending in batch)
         quiet = turns = 0
-        while size < self.max_batch and quiet < QUIET_TURNS and turns < GATHER_TURNS:
+        while size < self._most() and quiet < QUIET_TURNS and turns < GATHER_TURNS:
             if self._queue.empty():
                 quiet += 1
                 turns += 1
@@ -248,6 +328,25 @@ class MicroBatcher:
         if self.on_batch is not None:
             self.on_batch(texts, seconds)
 
+    def _answer_on_share(self, batch: list[_Pending]) -> list[object]:
+        """`_answer_apart` on this worker's threads (the model's and the index's): all of them for a
+        client alone (a batch of one request, no other batch being encoded), where they shorten its
+        wait; its share under concurrent load, where a thread a batch costs less CPU than two (with one
+        worker, the threads are left as they are)."""
+        if self.workers == 1:
+            return self._answer_apart(batch)
+        with self._counting:
+            self._encoding += 1
+            alone = self._encoding == 1 and len(batch) == 1
+        try:
+            threads = self.threads if alone else max(1, self.threads // self.workers)
+            torch.set_num_threads(threads)
+            faiss.omp_set_num_threads(threads)
+            return self._answer_apart(batch)
+        finally:
+            with self._counting:
+                self._encoding -= 1
+
     def _answer_apart(self, batch: list[_Pending]) -> list[object]:
         """Each request's answer, from one encoding of them all, or, where that fails, from encoding
         each on its own: an exception for each request that fails alone."""
@@ -271,19 +370,21 @@ class MicroBatcher:
             groups.setdefault((id(pending.retriever), pending.job), []).append(number)
         for (_, job), numbers in groups.items():
             retriever = batch[numbers[0]].retriever
-            retriever.encoder.activate(retriever.module)
             texts = [text for n in numbers for text in batch[n].texts]
-            vectors, lengths = self._encode(retriever, job, texts, [batch[n] for n in numbers])
-            self.batches += 1
+            with self._encoder_use.using(retriever):
+                vectors, lengths = self._encode(retriever, job, texts, [batch[n] for n in numbers])
+            with self._counting:
+                self.batches += 1
+            rows: dict[int, slice] = {}
             start = 0
             for n in numbers:
-                size = len(batch[n].texts)
-                rows = vectors[start : start + size]
-                if job == "search":
-                    answers[n] = retriever.hits(rows, batch[n].k)
-                else:
-                    answers[n] = Embeddings(rows, sum(lengths[start : start + size]))
-                start += size
+                rows[n] = slice(start, start + len(batch[n].texts))
+                start = rows[n].stop
+            if job == "search":
+                answers |= _hits_by_k(retriever, vectors, {n: (rows[n], batch[n].k) for n in numbers})
+            else:
+                for n in numbers:
+                    answers[n] = Embeddings(vectors[rows[n]], sum(lengths[rows[n]]))
         return [answers[n] for n in range(len(batch))]
 
     def _encode(
@@ -293,8 +394,9 @@ class MicroBatcher:
         texts are tokenized once, for both."""
         routed = retriever.route is not None
         token_ids = None
-        if job != "search" and not (routed and job == "query"):
-            token_ids = retriever.encoder.tokenize(texts, job)
+        if not (routed and job in ("search", "query")):
+            with self._encoder_use.tokenizing(retriever):
+                token_ids = retriever.encoder.tokenize(texts, "passage" if job == "passage" else "query")
         if job == "passage":  # a route's passages are the base's, as its index's are
             assert token_ids is not None
             vectors = embed_tokens(retriever.encoder, token_ids, "passage", self.encode_batch, self.precision)
@@ -309,6 +411,26 @@ class MicroBatcher:
         if token_ids is None:  # a route's queries: it tokenized them for itself
             token_ids = retriever.encoder.tokenize(texts, "query")
         return vectors, [len(ids) for ids in token_ids]
+
+
+def _hits_by_k(retriever: Retriever, vectors: np.ndarray, wanted: dict[int, tuple[slice, int]]
+               ) -> dict[int, list[list[Hit]]]:  # fmt: skip
+    """Each request's hits (`wanted`: its rows of `vectors` and its k), from one search of the index
+    per k asked for: a search's fixed cost (the index call, the document store's query) is paid once
+    for the requests that share it."""
+    by_k: dict[int, list[int]] = {}
+    for n, (_, k) in wanted.items():
+        by_k.setdefault(k, []).append(n)
+    answers: dict[int, list[list[Hit]]] = {}
+    for k, numbers in by_k.items():
+        rows = np.concatenate([np.arange(wanted[n][0].start, wanted[n][0].stop) for n in numbers])
+        found = retriever.hits(vectors[rows], k)
+        start = 0
+        for n in numbers:
+            size = wanted[n][0].stop - wanted[n][0].start
+            answers[n] = found[start : start + size]
+            start += size
+    return answers
 
 
 def _as_request_error(err: Exception) -> Exception:

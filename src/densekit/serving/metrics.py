@@ -7,6 +7,7 @@ import re
 import time
 from typing import Any
 
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.routing import Match
@@ -70,7 +71,6 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = _route_template(scope)
         status = 500
         started = time.perf_counter()
 
@@ -83,14 +83,19 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, sent)
         finally:
+            route = _route_template(scope)
             method = scope["method"] if scope["method"] in METHODS else OTHER_METHOD
             self.metrics.requests.labels(route, method, str(status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - started)
 
 
 def _route_template(scope: dict) -> str:
-    """The path template of the route `scope` would reach, whatever its method, or UNMATCHED; without
-    its parameters' convertors (`/documents/{doc_id}`, not `{doc_id:path}`)."""
+    """The path template of the route `scope` reached (FastAPI's router notes it in the scope) or would
+    reach, whatever its method, or UNMATCHED; without its parameters' convertors (`/documents/{doc_id}`,
+    not `{doc_id:path}`)."""
+    reached = scope.get("route")
+    if isinstance(reached, APIRoute):
+        return reached.path_format
     for route in scope["app"].router.routes:
         match, _ = route.matches(scope)
         if match != Match.NONE:
