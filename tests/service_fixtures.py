@@ -18,6 +18,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from densekit.cli.serve_command import server_config
 from densekit.retrieval.retriever import Retriever
 from densekit.serving.app import Limits, create_app
 
@@ -93,7 +94,7 @@ def in_thread(app: FastAPI) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port))  # as `densekit serve` runs it
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     for _ in range(300):

@@ -165,7 +165,7 @@ def test_a_client_alone_is_not_kept_waiting_for_company(retriever: Retriever):
 
 def test_serve_lets_idle_compute_threads_sleep_unless_told_otherwise(served, tmp_path: Path, monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    process, url = serve_process(served, tmp_path)
+    process, url = serve_process(served, tmp_path, "--encode-workers", "3")
     try:
         info = httpx.get(f"{url}/info", headers=AUTH).json()
     finally:
@@ -173,3 +173,4 @@ def test_serve_lets_idle_compute_threads_sleep_unless_told_otherwise(served, tmp
         process.wait(timeout=30)
     assert info["omp_wait_policy"] == "PASSIVE"
     assert info["threads"] >= 1
+    assert info["batching"]["workers"] == 3

@@ -19,9 +19,11 @@ from densekit.encoding.store import EmbeddingStore
 from densekit.index import IndexSpec, build_index
 from densekit.models import DenseEncoder
 from densekit.retrieval.retriever import Retriever
+from densekit.serving.app import Batching, create_app
 from densekit.serving.batcher import MicroBatcher, _EncoderUse, default_workers
 
 from .conftest import QUERIES
+from .service_fixtures import TOKEN
 
 TEXTS = [q["text"] for q in QUERIES]
 
@@ -174,6 +176,8 @@ def test_concurrent_searches_of_two_modules_get_each_modules_own_hits(served, tm
 def test_two_workers_on_a_cpu_with_two_threads_one_otherwise(retriever: Retriever, kept_threads):
     torch.set_num_threads(2)
     assert default_workers(retriever) == 2
+    assert create_app(retriever, TOKEN).state.batcher.workers == 2  # the service's default
+    assert create_app(retriever, TOKEN, batching=Batching(workers=1)).state.batcher.workers == 1
     torch.set_num_threads(1)
     assert default_workers(retriever) == 1
     runtime, retriever.encoder.runtime = retriever.encoder.runtime, object()  # an ONNX export's session

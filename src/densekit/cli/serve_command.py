@@ -25,6 +25,8 @@ from densekit.cli.options import (
 )
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from densekit.models.encoder import DenseEncoder
     from densekit.retrieval.retriever import Retriever
 
@@ -168,12 +170,21 @@ def _enable_faulthandler() -> None:
         faulthandler.enable(file=sys.__stderr__)  # sys.stderr may be a stream without a file descriptor
 
 
+def server_config(app: object, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's settings for serving `app`: requests in flight get 30 s to finish at shutdown, and
+    HTTP is parsed by h11 even where httptools is installed (uvicorn would take it): h11 refuses a
+    request whose headers pass 16 KB, where uvicorn's httptools protocol read 2 MB of them and answered."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
+                          http="h11")  # fmt: skip
+
+
 def _serve_on(app: object, sock: socket.socket, host: str, port: int) -> None:
     """Serve `app` on the bound socket until Ctrl-C or SIGTERM, letting requests in flight finish."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(app, host, port))
     server.run(sockets=[sock])
     if not server.started:
         raise RuntimeError(f"the service did not start on {host}:{port}: see the log above")
