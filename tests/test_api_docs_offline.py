@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -75,3 +76,14 @@ def test_the_docs_render_offline_and_ask_no_other_host(retriever: Retriever, tmp
     elsewhere = [u for u in requested if urlsplit(u).scheme not in _LOCAL_SCHEMES
                  and urlsplit(u).hostname != "127.0.0.1"]  # fmt: skip
     assert elsewhere == [], elsewhere
+
+
+def test_the_api_description_is_made_without_a_warning_and_health_answers_get_and_head(retriever: Retriever):
+    app = create_app(retriever, TOKEN)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # FastAPI warns of an operation id given twice
+        schema = app.openapi()
+    assert list(schema["paths"]["/health"]) == ["get"]
+    with TestClient(app) as http:
+        assert http.get("/health").json() == {"status": "ok"}
+        assert http.head("/health").status_code == 200

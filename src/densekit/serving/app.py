@@ -239,10 +239,12 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         if not hmac.compare_digest(given.encode(), api_key.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
-    def health() -> dict:
+    async def health() -> dict:
         """Whether the service is up (no token needed); HEAD too, as load balancers' probes ask."""
         return {"status": "ok"}
+
+    app.get("/health")(health)
+    app.head("/health", include_in_schema=False)(health)  # one operation in the API description
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> str:
