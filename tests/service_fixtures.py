@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 from fastapi import FastAPI
@@ -21,6 +22,9 @@ from fastapi.testclient import TestClient
 from densekit.cli.serve_command import server_config
 from densekit.retrieval.retriever import Retriever
 from densekit.serving.app import Limits, create_app
+
+if TYPE_CHECKING:
+    import uvicorn
 
 TOKEN = "s3cret-token"
 
@@ -91,10 +95,17 @@ def odd_ids_collection(root: Path, model: Path) -> tuple[Path, Path]:
 def in_thread(app: FastAPI) -> Iterator[str]:
     """`app` served by uvicorn from a thread of this process on a free port, for what only a real
     server shows (its HTTP parser, raw paths, connections): its URL."""
+    port = free_port()
+    with running(server_config(app, "127.0.0.1", port)):  # as `densekit serve` runs it
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def running(config: uvicorn.Config) -> Iterator[None]:
+    """A uvicorn server with `config`, run from a thread of this process until the block ends."""
     import uvicorn
 
-    port = free_port()
-    server = uvicorn.Server(server_config(app, "127.0.0.1", port))  # as `densekit serve` runs it
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     for _ in range(300):
@@ -104,7 +115,7 @@ def in_thread(app: FastAPI) -> Iterator[str]:
     if not server.started:
         raise AssertionError("uvicorn did not start")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield
     finally:
         server.should_exit = True
         thread.join(timeout=30)

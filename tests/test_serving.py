@@ -80,7 +80,10 @@ def test_the_service_gives_the_retrievers_hits(retriever: Retriever):
         assert [h["id"] for h in served_hits] == [h.id for h in own]
         assert [h["score"] for h in served_hits] == pytest.approx([h.score for h in own], abs=1e-6)
         assert [h["text"] for h in served_hits] == [h.text for h in own]
-    assert single.json()["results"][0] == response.json()["results"][0]
+    alone, batched = single.json()["results"][0], response.json()["results"][0]
+    assert [(h["id"], h["text"]) for h in alone] == [(h["id"], h["text"]) for h in batched]
+    # the last float32 bit of a score may change with the batch (exact_search)
+    assert [h["score"] for h in alone] == pytest.approx([h["score"] for h in batched], abs=1e-6)
 
 
 def test_documents_by_id_and_the_services_info(retriever: Retriever):

@@ -172,12 +172,14 @@ def _enable_faulthandler() -> None:
 
 def server_config(app: object, host: str, port: int) -> uvicorn.Config:
     """uvicorn's settings for serving `app`: requests in flight get 30 s to finish at shutdown, and
-    HTTP is parsed by h11 even where httptools is installed (uvicorn would take it): h11 refuses a
-    request whose headers pass 16 KB, where uvicorn's httptools protocol read 2 MB of them and answered."""
+    HTTP is parsed by httptools with the request line and headers bounded at 16 KiB as h11 bounds them
+    (`BoundedHttpToolsProtocol`: uvicorn's own httptools protocol read 2 MB of headers and answered)."""
     import uvicorn
 
+    from densekit.serving.http_protocol import BoundedHttpToolsProtocol
+
     return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
-                          http="h11")  # fmt: skip
+                          http=BoundedHttpToolsProtocol)  # fmt: skip
 
 
 def _serve_on(app: object, sock: socket.socket, host: str, port: int) -> None:

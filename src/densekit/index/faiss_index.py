@@ -31,6 +31,7 @@ from densekit.index.base import (
     index_identity,
     write_ids,
 )
+from densekit.index.exact_search import exact_top_k
 from densekit.index.memory import IndexTooLarge, amount, available_memory, check_fits, vectors_bytes
 from densekit.index.recall import RecallSettings, gather_rows
 from densekit.index.spec import MAX_TRAINING_POINTS, IndexSpec, SpecError, training_rows
@@ -219,6 +220,12 @@ def _flat_rows(index: faiss.IndexFlat, rows: int, dimension: int) -> np.ndarray:
     return faiss.rev_swig_ptr(index.codes.data(), size).view(np.float32).reshape(rows, dimension)
 
 
+def _stored_rows(index: faiss.IndexFlat) -> np.ndarray:
+    """A flat index's vectors (rows, dimension), read in place from faiss's store."""
+    rows, dimension = int(index.ntotal), int(index.d)
+    return faiss.rev_swig_ptr(index.get_xb(), rows * dimension).reshape(rows, dimension)
+
+
 def _reserve_storage(flat: faiss.IndexFlat, rows: int) -> None:
     """Give HNSW's flat store room for every row before the batches come, so faiss does not grow it by
     doubling, copying all it holds each time."""
@@ -363,7 +370,10 @@ class FaissIndex(SearchIndex, backend="faiss"):
             raise ValueError(f"k={k}: at least one result per query must be asked for")
         depth = min(k, max(1, int(self.index.ntotal)))
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        scores, labels = recall_module.search_deep_enough(self.index, queries, depth)
+        if type(self.index) is faiss.IndexFlatIP and self.index.ntotal:  # exact, on the CPU
+            scores, labels = exact_top_k(_stored_rows(self.index), queries, depth)
+        else:
+            scores, labels = recall_module.search_deep_enough(self.index, queries, depth)
         return Hits(scores, labels, self.ids)
 
 
