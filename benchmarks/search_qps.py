@@ -3,8 +3,10 @@
 For each index type (flat, hnsw, ivfpq) built by `densekit index` from SciFact's all-MiniLM-L6-v2
 embeddings, this times densekit's search (`SearchIndex.search`, and that plus turning hits into a run)
 against `faiss.Index.search` on the same loaded index with the same parameters, in alternating
-rounds, over SciFact's 1,109 queries. It also reports recall@100 against the flat index, nDCG@10 on
-the test split, and each index's size. Run from the repository root:
+rounds, over SciFact's 1,109 queries, all in one call. The flat index is also timed a few queries a call
+(1, 16 and 32, as the service's two workers search) on one thread, as a worker searches. It also
+reports recall@100 against the flat index, nDCG@10 on the test split, and each index's size. Run from
+the repository root:
 
     .venv/bin/python -m benchmarks.search_qps --data ../shared/data/scifact
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import torch
 
 from benchmarks import WORK
 from benchmarks.machine import machine_info
@@ -51,12 +54,19 @@ def compare_speed(
     k: int,
     rounds: int,
     repeats: int,
+    batch: int | None = None,
 ) -> dict:
-    """Queries per second of raw Faiss, densekit's search, and densekit's search turned into a run."""
+    """Queries per second of raw Faiss, densekit's search, and densekit's search turned into a run,
+    all queries in one call, or `batch` a call."""
+    step = batch or len(vectors)
+    parts = [
+        (vectors[first : first + step], query_ids[first : first + step])
+        for first in range(0, len(vectors), step)
+    ]
     contenders = {
-        "faiss": lambda: raw.search(vectors, k),
-        "densekit_search": lambda: ours.search(vectors, k),
-        "densekit_search_and_run": lambda: ours.search(vectors, k + 1).to_run(query_ids, k),
+        "faiss": lambda: [raw.search(part, k) for part, _ in parts],
+        "densekit_search": lambda: [ours.search(part, k) for part, _ in parts],
+        "densekit_search_and_run": lambda: [ours.search(part, k + 1).to_run(ids, k) for part, ids in parts],
     }
     seconds: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
@@ -74,6 +84,21 @@ def compare_speed(
         "ratio_search": round(paired("densekit_search"), 3),
         "ratio_search_and_run": round(paired("densekit_search_and_run"), 3),
     }
+
+
+def few_a_call(
+    raw: faiss.Index, ours: SearchIndex, vectors: np.ndarray, query_ids: list[str], rounds: int, repeats: int
+) -> dict:
+    """`compare_speed` at k=10 with 1, 16 and 32 queries a call, faiss and torch on one thread each."""
+    threads = torch.get_num_threads(), faiss.omp_get_max_threads()
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    try:
+        return {f"batch={batch}": compare_speed(raw, ours, vectors, query_ids, 10, rounds, repeats, batch)
+                for batch in (1, 16, 32)}  # fmt: skip
+    finally:
+        torch.set_num_threads(threads[0])
+        faiss.omp_set_num_threads(threads[1])
 
 
 def main() -> None:
@@ -124,6 +149,8 @@ def main() -> None:
                 if spec.type == "hnsw":  # as densekit searches: at least k candidates, so k results come back
                     faiss.ParameterSpace().set_index_parameter(raw, "efSearch", max(ours.spec.ef_search, k))
                 row[f"k={k}"] = compare_speed(raw, ours, vectors, query_ids, k, args.rounds, args.repeats)
+            if spec.type == "flat":
+                row["one_thread_k=10"] = few_a_call(raw, ours, vectors, query_ids, args.rounds, args.repeats)
             top100 = ours.search(test_vectors, 100).labels
             if flat_top100 is None:
                 flat_top100 = top100
