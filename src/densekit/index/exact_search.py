@@ -49,22 +49,22 @@ def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.nd
 def _top_k_of_blocks(
     table: torch.Tensor, queries: torch.Tensor, k: int, block_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`exact_top_k` of a block of queries, sorted by score: each block of rows' best `k`, then the
-    best of those. A query's scores may differ in the last float32 bit with the batch it comes in (the
+    """`exact_top_k` of a block of queries, sorted by score: each block of rows' best `k`, merged into
+    the best so far. A query's scores may differ in the last float32 bit with the batch it comes in (the
     BLAS sums in another order for another number of queries), as faiss's did past 20 queries a call."""
     import torch
 
-    if len(table) <= block_rows:
-        best = torch.topk(queries @ table.T, k, dim=1)
-        return best.values, best.indices
-    kept_scores, kept_rows = [], []
+    best_scores = best_rows = None
     for start in range(0, len(table), block_rows):
         block = table[start : start + block_rows]
-        best = torch.topk(queries @ block.T, min(k, len(block)), dim=1)
-        kept_scores.append(best.values)
-        kept_rows.append(best.indices + start)
-    best = torch.topk(torch.cat(kept_scores, dim=1), k, dim=1)
-    return best.values, torch.gather(torch.cat(kept_rows, dim=1), 1, best.indices)
+        top = torch.topk(queries @ block.T, min(k, len(block)), dim=1)
+        scores, rows = top.values, top.indices + start
+        if best_scores is not None:  # merged as it goes, so that at most 2k a query are held
+            scores, rows = torch.cat([best_scores, scores], dim=1), torch.cat([best_rows, rows], dim=1)
+            top = torch.topk(scores, min(k, scores.shape[1]), dim=1)
+            scores, rows = top.values, torch.gather(rows, 1, top.indices)
+        best_scores, best_rows = scores, rows
+    return best_scores, best_rows
 
 
 def _ties_in_row_order(scores: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
