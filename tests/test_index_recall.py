@@ -3,6 +3,7 @@ search setting chosen for a target recall (`densekit.index.recall`)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from densekit.index.recall import RecallSettings, TargetUnreachable
 from densekit.index.spec import MIN_POINTS_PER_CENTROID
 from densekit.io.artefact import read_manifest
 from densekit.io.fingerprint import file_digest
+from densekit.progress import INTERVAL_VARIABLE
 
 from .conftest import tiny_bert
 from .hostile.commands import cli
@@ -187,11 +189,41 @@ def test_ivfpq_re_ranks_with_the_exact_vectors_where_its_codes_cannot_meet_the_t
     assert recount(plain, queries, clustered, 10, truth=truth) < 0.95  # its codes alone, every list probed
 
 
+@pytest.mark.parametrize(
+    ("spec", "target", "names"),
+    [(IndexSpec(type="hnsw", hnsw_m=8, ef_construction=32), 0.97, ["ef_search"]),
+     (IndexSpec(type="ivfpq", pq_m=2, pq_bits=4), 0.95, ["nprobe", "refine_k_factor"])],
+)  # fmt: skip
+def test_each_setting_tried_is_logged_with_its_recall_and_the_exact_search_shows_progress(
+    clustered, queries, tmp_path: Path, caplog, capfd, monkeypatch, spec: IndexSpec, target: float, names
+):
+    monkeypatch.setenv(INTERVAL_VARIABLE, "60")  # plain lines: at the start and at the end
+    store = fake_store(tmp_path / "emb", clustered)
+    settings = RecallSettings(target=target, vectors=queries, source="test queries")
+    with caplog.at_level(logging.INFO, logger="densekit.index.recall"):
+        build_index(store, spec, tmp_path / "index", show_progress=True, recall=settings)
+    tried = read_manifest(tmp_path / "index").about["recall"]["tried"]  # type: ignore[union-attr]
+    chosen = SearchIndex.load(tmp_path / "index").spec
+    labels = {"ef_search": "ef_search {}", "nprobe": "nprobe {}, re-ranking 64 x k",
+              "refine_k_factor": f"nprobe {chosen.nprobe}, refine_k_factor {{}}"}  # fmt: skip
+    expected = [f"{labels[name].format(value)}: recall@10 {recall:.4f} (target {target})"
+                for name in names for value, recall in tried[name].items()]  # fmt: skip
+    logged = [record.getMessage() for record in caplog.records]
+    before = logged[: len(logged) - len(expected)]  # IVF-PQ: its codes alone first, not recorded
+    assert logged[len(before) :] == expected
+    codes_alone = rf"nprobe \d+: recall@10 0\.\d{{4}} \(target {target}\)"
+    assert all(re.fullmatch(codes_alone, line) for line in before)
+    assert (spec.type == "hnsw" and not before) or before[-1].startswith(f"nprobe {chosen.nlist}:")
+    err = capfd.readouterr().err
+    assert "exact search of 300 held-out queries: 2000/2000 100%" in err, err
+
+
 def test_a_target_that_cannot_be_met_is_refused_in_one_line(capsys, tmp_path: Path):
     scattered = np.random.default_rng(5).standard_normal((2000, 32)).astype(np.float32)  # no clusters
     folder = fake_store(tmp_path / "emb", scattered).folder
     command = ["index", folder, "-o", tmp_path / "index", "--type", "ivfpq", "--pq-m", "1", "--pq-bits", "1"]
-    code, err, _ = cli(capsys, *command, "--target-recall", "0.99", "--no-progress")
+    # --quiet: without it each value tried is logged first (test_each_setting_tried_is_logged_...)
+    code, err, _ = cli(capsys, "--quiet", *command, "--target-recall", "0.99", "--no-progress")
     assert code == 2 and err.count("\n") == 1, err
     assert re.fullmatch(
         r"error: --target-recall 0.99: the best recall@10 reached on 1000 held-out queries was 0\.\d{4} "

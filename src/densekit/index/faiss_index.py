@@ -107,7 +107,7 @@ def build_index(
             offset += part_rows
     if flat_rows is not None:
         index.ntotal = rows
-    index, spec, measured = _measure(index, spec, store, recall, chunks, check_memory)
+    index, spec, measured = _measure(index, spec, store, recall, chunks, check_memory, show_progress)
     meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp}
     identity = index_identity(store, spec)
     if recall is not None and recall.identity() is not None:
@@ -138,6 +138,7 @@ def _measure(
     settings: RecallSettings | None,
     chunks: recall_module.Chunks,
     check_memory: bool,
+    show_progress: bool,
 ) -> tuple[faiss.Index, IndexSpec, dict[str, Any] | None]:
     """The index (wrapped in re-ranking where a target needs it), its spec with the search setting a
     target chose, and its recall against exact search on held-out queries (None: not measured)."""
@@ -150,6 +151,9 @@ def _measure(
     if held.vectors.shape[1] != store.dimension:
         raise ValueError(f"{held.source}: {held.vectors.shape[1]}-dimensional query vectors for an index of "
                          f"{store.dimension}")  # fmt: skip
+    searching = f"exact search of {len(held.vectors)} held-out queries"
+    with progress_bar(searching, len(store), show_progress) as advance:
+        recall_module.search_exactly(held, chunks, advance)
     chosen = None
     if settings.target is not None:
         chosen = recall_module.choose_parameter(index, spec, held, chunks, settings.target)

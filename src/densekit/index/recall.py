@@ -11,6 +11,7 @@ probes, re-ranks its candidates with the exact vectors (faiss's refine step), wi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ DEFAULT_QUERIES = 1000
 MAX_K_FACTOR = 64  # re-ranking more than 64 x k candidates costs more than a flat search saves
 
 Chunks = Callable[[], Iterable[tuple[int, np.ndarray]]]
+log = logging.getLogger(__name__)
 
 
 class TargetUnreachable(DensekitError, ValueError):
@@ -89,14 +91,18 @@ def held_out(settings: RecallSettings, chunks: Chunks, rows: int) -> HeldOut:
     return HeldOut(gather_rows(chunks(), own), own, source)
 
 
-def exact_top(chunks: Chunks, queries: np.ndarray, depth: int) -> np.ndarray:
+def exact_top(
+    chunks: Chunks, queries: np.ndarray, depth: int, advance: Callable[[int], None] = lambda rows: None
+) -> np.ndarray:
     """Each query's top `depth` rows by inner product over every vector, read a chunk at a time (faiss's
-    exact k-NN per chunk, merged in a heap); -1 where there are fewer rows."""
+    exact k-NN per chunk, merged in a heap; `advance` is told the rows of each); -1 where there are
+    fewer rows."""
     heap = faiss.ResultHeap(len(queries), depth, keep_max=True)
     for first, vectors in chunks():
         batch = np.ascontiguousarray(vectors, dtype=np.float32)
         scores, labels = faiss.knn(queries, batch, min(depth, len(batch)), metric=faiss.METRIC_INNER_PRODUCT)
         heap.add_result(scores, np.where(labels >= 0, labels + first, -1))
+        advance(len(batch))
     heap.finalize()
     return heap.I
 
@@ -112,11 +118,17 @@ def _leave_out_own(labels: np.ndarray, own: np.ndarray | None, depth: int) -> li
     return kept
 
 
-def truth_at(held: HeldOut, chunks: Chunks, depth: int) -> list[np.ndarray]:
-    """Exact search's top `depth` rows for each held-out query (computed once for the largest depth)."""
+def search_exactly(held: HeldOut, chunks: Chunks, advance: Callable[[int], None] = lambda rows: None) -> None:
+    """Search the held-out queries exactly, as deep as any recall is counted, once (`advance` is told the
+    rows searched as it goes)."""
     if not held.truth:
         deepest = max(RECALL_DEPTHS) + (held.own is not None)
-        held.truth[deepest] = exact_top(chunks, held.vectors, deepest)
+        held.truth[deepest] = exact_top(chunks, held.vectors, deepest, advance)
+
+
+def truth_at(held: HeldOut, chunks: Chunks, depth: int) -> list[np.ndarray]:
+    """Exact search's top `depth` rows for each held-out query (searched on first use)."""
+    search_exactly(held, chunks)
     labels = next(iter(held.truth.values()))
     return _leave_out_own(labels, held.own, depth)
 
@@ -160,20 +172,25 @@ def set_parameters(index: faiss.Index, spec: IndexSpec) -> None:
 
 
 def smallest_meeting(
-    candidates: list[int], recall_of: Callable[[int], float | None], target: float
+    candidates: list[int],
+    recall_of: Callable[[int], float | None],
+    target: float,
+    label: Callable[[int], str],
 ) -> tuple[int | None, dict[int, float]]:
     """The smallest of the sorted `candidates` whose recall meets `target` (None when the largest does
     not), and every recall measured on the way: positions 0, 1, 3, 7, ... until one meets it, then
     bisection between it and the last that did not. It is the smallest a sweep of every candidate finds
     where recall does not fall as the value grows, as more lists probed or candidates kept give (a
     value finding fewer than a smaller one, which product quantisation's approximate scores allow by
-    a query or two, could hide a smaller value that meets the target)."""
+    a query or two, could hide a smaller value that meets the target). Each value tried is logged
+    (`label` names it): at scale each is a search of every held-out query, minutes apart."""
     tried: dict[int, float] = {}
 
     def meets(position: int) -> bool:
         value = candidates[position]
         if value not in tried:
             tried[value] = recall_of(value) or 0.0
+            log.info("%s: recall@10 %.4f (target %s)", label(value), tried[value], target)
         return tried[value] >= target
 
     below, step = -1, 1
@@ -227,7 +244,8 @@ def choose_parameter(
         set_parameters(index, spec.updated(**{name: value}))
         return index_recall(index, held, chunks, TARGET_DEPTH)
 
-    value, tried = smallest_meeting(values, recall_of, target)
+    reranking = "" if spec.refine_k_factor is None else f", re-ranking {spec.refine_k_factor} x k"
+    value, tried = smallest_meeting(values, recall_of, target, lambda value: f"{name} {value}{reranking}")
     if value is None:
         best = max(tried, key=lambda tried_value: tried[tried_value])
         return Chosen(spec, {name: tried}, tried[best], f"--{name.replace('_', '-')} {best}")
@@ -250,7 +268,10 @@ def choose_refined(
         set_parameters(index, probed.spec.updated(refine_k_factor=k_factor))
         return index_recall(index, held, chunks, TARGET_DEPTH)
 
-    k_factor, tried = smallest_meeting(list(range(1, MAX_K_FACTOR + 1)), recall_of, target)
+    nprobe = probed.spec.nprobe
+    k_factor, tried = smallest_meeting(
+        list(range(1, MAX_K_FACTOR + 1)), recall_of, target, lambda k: f"nprobe {nprobe}, refine_k_factor {k}"
+    )
     assert k_factor is not None, "the widest re-ranking met the target at this nprobe"
     return Chosen(probed.spec.updated(refine_k_factor=k_factor), {**probed.tried, "refine_k_factor": tried})
 
