@@ -152,7 +152,8 @@ def main() -> None:
     parser.add_argument("--bm25-rounds", type=int, default=3)
     parser.add_argument(
         "--kinds", nargs="+", choices=KINDS, default=list(KINDS),
-        help="measure only these indexes; the others' entries in OUTPUT are kept, marked `earlier_run`",
+        help="measure only these indexes; the others' entries in OUTPUT are kept, marked `earlier_run` "
+        "with the machine they ran on",
     )  # fmt: skip
     parser.add_argument("--output", type=Path, default=WORK / "scale" / "scale_ratios.json")
     args = parser.parse_args()
@@ -168,10 +169,14 @@ def main() -> None:
     for kind, build_rounds in zip(("flat", "ivfpq"), args.build_rounds, strict=True):
         if kind in args.kinds and not build_rounds and "build" not in earlier["indexes"].get(kind, {}):
             parser.error(f"--build-rounds 0 keeps {kind}'s build figures, but {args.output} has none")
+    def kept(entry: dict) -> dict:
+        """An earlier run's entry, marked as such with the machine it ran on (`machine` is this run's)."""
+        return entry | {"earlier_run": True, "machine": entry.get("machine", earlier.get("machine"))}
+
     if set(args.kinds) != set(KINDS):
-        results["indexes"] = {k: {**v, "earlier_run": True} for k, v in earlier["indexes"].items()}
+        results["indexes"] = {k: kept(v) for k, v in earlier["indexes"].items()}
         if "bm25" in earlier:
-            results["bm25"] = {**earlier["bm25"], "earlier_run": True}
+            results["bm25"] = kept(earlier["bm25"])
     for kind, build_rounds in zip(("flat", "ivfpq"), args.build_rounds, strict=True):
         if kind not in args.kinds:
             continue
@@ -182,7 +187,7 @@ def main() -> None:
             if build_rounds:
                 row["build"] = compare_builds(store, ours.spec, build_rounds, Path(scratch))
             else:  # not built again: the earlier run's figures
-                row["build"] = earlier["indexes"][kind]["build"] | {"earlier_run": True}
+                row["build"] = kept(earlier["indexes"][kind]["build"])
         raw = faiss.read_index(str(folder / INDEX_FILE))
         if kind == "ivfpq":
             faiss.ParameterSpace().set_index_parameter(raw, "nprobe", ours.spec.nprobe)
