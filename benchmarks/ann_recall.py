@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -360,6 +361,8 @@ def main() -> None:
         "--faiss-threads", type=int, help="the timed searches' threads (faiss's; torch's for a flat index)"
     )
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    logging.getLogger("densekit.index.recall").setLevel(logging.INFO)  # each value a target tries
     if args.faiss_threads is not None:
         import faiss
 
