@@ -213,11 +213,9 @@ def measure_scale(size: int, args: argparse.Namespace, result: dict, save: Any) 
     result["encode_s"] = time.perf_counter() - start
     _, queries, _ = split_queries(encoder, data, args.batch_size)
     _, train, _ = split_queries(encoder, data, args.batch_size, "train")
-    if args.held_out_queries is not None and args.held_out_queries < len(train):
-        train = train[: args.held_out_queries]
-        held_out = (train, f"the first {len(train)} training queries of {data}")
-    else:
-        held_out = (train, f"the {len(train)} training queries of {data}")
+    which = "the first" if args.held_out_queries is not None and args.held_out_queries < len(train) else "the"
+    train = train[: args.held_out_queries]
+    held_out = (train, f"{which} {len(train)} training queries of {data}")
     result["queries"] = len(queries)
     flat, _, seconds = build(store, "flat", work / "flat", None)
     exact, flat_qps = timed_search(flat, queries)
@@ -361,6 +359,8 @@ def main() -> None:
         "--faiss-threads", type=int, help="the timed searches' threads (faiss's; torch's for a flat index)"
     )
     args = parser.parse_args()
+    if args.held_out_queries is not None and args.held_out_queries < 1:
+        parser.error(f"--held-out-queries {args.held_out_queries}: give at least 1")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logging.getLogger("densekit.index.recall").setLevel(logging.INFO)  # each value a target tries
     if args.faiss_threads is not None:
