@@ -12,7 +12,6 @@ from densekit.device import resolve_device
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND
 from densekit.evaluation.benchmark import benchmark_collection
 from densekit.io.artefact import write_folder_manifest
-from densekit.io.fingerprint import digest_of
 from densekit.io.outputs import claim_folder, write_output_text
 from densekit.models import DenseEncoder
 from densekit.models.hub import resolve_model_path
@@ -81,7 +80,7 @@ def default_data_dir() -> Path:
 def collection_digest(dataset: Dataset) -> str:
     """One digest of the corpus, the queries and the test judgements."""
     files = [dataset.corpus_path, dataset.queries_path(SPLIT), dataset.qrels_path(SPLIT)]
-    return digest_of({p.relative_to(dataset.root).as_posix(): dataset.digest(p) for p in files})
+    return dataset.digest_files(files)
 
 
 def run_quickstart(

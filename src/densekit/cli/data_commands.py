@@ -1,4 +1,4 @@
-"""Sub-commands about data: validate, split-queries, pseudo-queries, evaluate."""
+"""Sub-commands about data: validate, split-queries, slice, pseudo-queries, evaluate."""
 
 from __future__ import annotations
 
@@ -120,6 +120,34 @@ def split_queries(
     console.print(f"{output}: {FIT} {made.fit} queries, {HELD_OUT} {made.held_out} ({state})")
 
 
+def slice_command(
+    data_dir: Annotated[
+        Path, typer.Argument(help=f"The collection to slice, {COLLECTION_HELP}.", callback=collections)
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The slice's collection folder.")],
+    size: Annotated[int, typer.Option("--size", min=1, help="Documents in the slice.")],
+    split: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--split", help="Keep this split's judged documents and queries (repeatable; default: all)."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the draw of the unjudged documents.")] = 0,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Cut a SIZE-document slice of a collection that keeps every document judged in the chosen splits
+    (with their queries and judgements) and draws the others with SEED. Slices of one seed are nested:
+    a smaller one is part of a larger one, so slices of several sizes share their queries. OUTPUT
+    records what it was cut from; the same slice there is reused."""
+    from densekit.data.slices import slice_collection
+
+    made = slice_collection(data_dir, size, output, split or None, seed, overwrite)
+    state = "already there, unchanged" if made.reused else "written"
+    console.print(
+        f"{output}: {made.documents} documents ({made.judged} judged), {made.queries} queries ({state})"
+    )
+
+
 def pseudo_queries(
     data_dir: DataDirArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="The training file to write (JSONL).")],
@@ -211,5 +239,6 @@ def register(app: typer.Typer) -> None:
     """Add these sub-commands to `app`."""
     app.command("validate")(validate)
     app.command("split-queries")(split_queries)
+    app.command("slice")(slice_command)
     app.command("pseudo-queries")(pseudo_queries)
     app.command("evaluate")(evaluate_command)

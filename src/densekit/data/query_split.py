@@ -1,8 +1,9 @@
 """A few-shot split of a collection: some of a split's judged queries to fit on, the rest to test on.
 
 The split is written as a collection folder of its own, so every command reads it as it reads any
-other: `corpus.jsonl` and `queries.jsonl` are links to the original's files (same bytes, so indexes of
-the original corpus serve it), and `qrels/` holds the two new splits.
+other: `corpus.jsonl` and `queries.jsonl` (or `corpus.jsonl.gz`...: as the original stores them) are
+links to the original's files (same bytes, so indexes of the original corpus serve it), and `qrels/`
+holds the two new splits.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from densekit.io.outputs import claim_folder
 
 KIND = "query split"
 FIT, HELD_OUT = "fit", "held-out"
-_ENTRIES = ("corpus.jsonl", "queries.jsonl", "qrels")
+_ENTRIES = ("corpus.jsonl", "corpus.jsonl.gz", "queries.jsonl", "queries.jsonl.gz", "qrels")
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ def split_judged_queries(
         return QuerySplit(Path(output), **sizes, reused=True)
     chosen = set(random.Random(seed).sample(judged, take))
     with artefact_dir(output, KIND, identity, {"source": str(dataset.root.resolve())}) as tmp:
-        (tmp / "corpus.jsonl").symlink_to(dataset.corpus_path.resolve())
-        (tmp / "queries.jsonl").symlink_to(dataset.queries_path(split).resolve())
+        for original in (dataset.corpus_path, dataset.queries_path(split)):
+            (tmp / original.name).symlink_to(original.resolve())
         (tmp / "qrels").mkdir()
         _write_qrels(tmp / "qrels" / f"{FIT}.tsv", {q: qrels[q] for q in judged if q in chosen})
         _write_qrels(tmp / "qrels" / f"{HELD_OUT}.tsv", {q: qrels[q] for q in judged if q not in chosen})

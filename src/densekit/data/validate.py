@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from densekit.data.collection_files import check_intact
 from densekit.data.dataset import Dataset
 from densekit.data.trec import check_judged_ids
 from densekit.diagnostics import DataError, Diagnostics, Problem, _TooManyErrors
@@ -40,6 +41,11 @@ def validate_dataset(root: Path, splits: list[str] | None = None) -> ValidationR
         dataset = Dataset.open(root, diagnostics)
     except DataError as err:
         return ValidationReport(err.problems, 0, 0, {})
+    # a damaged compressed file's lines are not what was written: its damage is the one problem told
+    for path in dataset.fingerprint_files():
+        _guarded(diagnostics, lambda path=path: check_intact(path))
+    if diagnostics.problems:
+        return ValidationReport(diagnostics.problems, 0, 0, {})
 
     doc_ids = _guarded(diagnostics, lambda: {doc.id for doc in dataset.iter_corpus()}) or set()
     chosen = splits or dataset.splits()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 _CHUNK = 1 << 20
@@ -13,10 +13,15 @@ _CHUNK = 1 << 20
 
 def file_digest(path: Path | str) -> str:
     """The SHA-256 of a file's bytes, as `sha256:<hex>`."""
-    digest = hashlib.sha256()
     with Path(path).open("rb") as handle:
-        while block := handle.read(_CHUNK):
-            digest.update(block)
+        return stream_digest(iter(lambda: handle.read(_CHUNK), b""))
+
+
+def stream_digest(blocks: Iterable[bytes]) -> str:
+    """The SHA-256 of the bytes `blocks` give one after the other, as `file_digest` writes it."""
+    digest = hashlib.sha256()
+    for block in blocks:
+        digest.update(block)
     return f"sha256:{digest.hexdigest()}"
 
 

@@ -39,8 +39,9 @@ from densekit.io.atomic import TEMPORARY, atomic_file
 FolderState = Literal["new", "matching"]
 # The files that make a folder a collection (`densekit.data.dataset`), the names it reads as its own,
 # and the folder of its judgements.
-COLLECTION_FILES = ("corpus.jsonl", "queries.jsonl", "collection.tsv", "queries.tsv")
-COLLECTION_NAMES = (*COLLECTION_FILES, "queries.*.tsv", "qrels.*.tsv")
+_PLAIN_COLLECTION_FILES = ("corpus.jsonl", "queries.jsonl", "collection.tsv", "queries.tsv")
+COLLECTION_FILES = (*_PLAIN_COLLECTION_FILES, *(f"{name}.gz" for name in _PLAIN_COLLECTION_FILES))
+COLLECTION_NAMES = (*COLLECTION_FILES, "queries.*.tsv", "qrels.*.tsv", "queries.*.tsv.gz", "qrels.*.tsv.gz")
 QRELS_FOLDER = "qrels"
 
 

@@ -51,7 +51,6 @@ from densekit.device import resolve_device
 from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import MANIFEST, read_manifest, write_folder_manifest
 from densekit.io.atomic import TEMPORARY, write_text_atomic
-from densekit.io.fingerprint import digest_of
 from densekit.io.outputs import claim_folder
 from densekit.models.hub import resolve_model_path
 from densekit.recipes.module_steps import MODULE_STEP_TYPES
@@ -448,7 +447,7 @@ def collection_digest(data: Path | str, split: str) -> str:
     is the digest the quickstart recognises collections by."""
     dataset = Dataset.open(data)
     files = [dataset.corpus_path, dataset.queries_path(split), dataset.qrels_path(split)]
-    return digest_of({p.relative_to(dataset.root).as_posix(): dataset.digest(p) for p in files})
+    return dataset.digest_files(files)
 
 
 def _check_expected_section(path: Path, expected: Any, lines: dict) -> None:
