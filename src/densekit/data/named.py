@@ -6,8 +6,9 @@ and the command line call it, so every command and recipe takes a name. The fold
 atomically under `collections_cache()` with densekit's manifest: its kind, its identity (the name and
 what names the source's version: ir_datasets' recorded downloads, a hub revision, a local folder's
 content), what it was read with, and its files' checksums. A later use reuses it only when the identity
-matches and the files are unchanged; otherwise it is read again. The written files are checked as any
-collection's are (ids, texts, judgements of known queries) before the folder takes its place.
+matches and the files are unchanged (and no file was added); otherwise it is read again. The written
+files are checked as any collection's are (ids, texts, judgements of known queries) before the folder
+takes its place.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ from __future__ import annotations
 import logging
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 from densekit.data import named_sources
 from densekit.data.jsonl import iter_jsonl_corpus, read_jsonl_queries
-from densekit.data.named_sources import HF, IRDS, Source
+from densekit.data.named_sources import HF, IRDS, Source, shown
 from densekit.data.trec import check_judged_ids, read_judgements
 from densekit.diagnostics import DataError, Diagnostics
 from densekit.errors import DensekitError
-from densekit.io.artefact import artefact_dir, read_manifest, verify
+from densekit.io.artefact import MANIFEST, artefact_dir, read_manifest, verify
 from densekit.io.fingerprint import digest_of
 
 log = logging.getLogger("densekit")
@@ -34,13 +36,19 @@ KIND = "named collection"
 CACHE_VARIABLE = "DENSEKIT_CACHE"
 _SCHEMES = (IRDS, HF)
 _UNSAFE = re.compile(r"[^A-Za-z0-9.@-]+")
+_NAME_CHARACTERS = 100  # a cache folder's name, well under the 255 bytes file systems allow
+
+
+class CacheError(DensekitError, OSError):
+    """densekit's cache of named collections cannot be written."""
 
 
 def is_named(value: Path | str) -> bool:
     """True when `value` names a collection (`irds:...`, `hf:...`) and is not a path on disk."""
     text = str(value)
     scheme, _, rest = text.partition(":")
-    return scheme in _SCHEMES and bool(rest) and not Path(text).expanduser().exists()
+    # os.path's tests say False for a name too long to be a path, where Path's raise
+    return scheme in _SCHEMES and bool(rest) and not os.path.exists(os.path.expanduser(text))
 
 
 def collections_cache() -> Path:
@@ -55,13 +63,21 @@ def collections_cache() -> Path:
 
 def cached_folder(name: str) -> Path:
     """The cache folder of a collection name (readable: `irds/beir_nfcorpus_test`); a local folder's
-    name is kept with a digest of its path, so two folders of one name do not share a copy."""
+    name is kept with a digest of its path, so two folders of one name do not share a copy. A long name
+    is cut, with a digest of the whole, so the folder's name stays within what file systems allow."""
     scheme, _, reference = name.partition(":")
     local = Path(named_sources.split_revision(reference)[0]).expanduser()
-    if scheme == HF and local.is_dir():
-        tag = digest_of({"path": str(local.resolve())}).split(":")[1][:10]
-        return collections_cache() / "hf-local" / f"{_slug(local.resolve().name)}-{tag}"
-    return collections_cache() / scheme / _slug(reference)
+    if scheme == HF and os.path.isdir(local):
+        tag = _tag(str(local.resolve()))
+        return collections_cache() / "hf-local" / f"{_slug(local.resolve().name)[:_NAME_CHARACTERS]}-{tag}"
+    slug = _slug(reference)
+    if len(slug) > _NAME_CHARACTERS:
+        slug = f"{slug[:_NAME_CHARACTERS]}-{_tag(reference)}"
+    return collections_cache() / scheme / slug
+
+
+def _tag(text: str) -> str:
+    return digest_of({"path": text}).split(":")[1][:10]
 
 
 def _slug(text: str) -> str:
@@ -78,10 +94,33 @@ def resolve_collection(value: Path | str) -> Path:
     folder = cached_folder(name)
     identity = _identity(name)
     if _reusable(folder, identity):
-        log.debug("%s: reusing %s", name, folder)
+        log.debug("%s: reusing %s", shown(name), folder)
         return folder
+    _check_writable(folder.parent, shown(name))  # before a library reads (and maybe downloads) it
     _materialise(_open_source(name), folder)
     return folder
+
+
+def _check_writable(cache: Path, name: str) -> None:
+    """Refuse in one line, naming the folder and the variable, a cache densekit cannot write in."""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=cache).close()
+    except OSError as err:
+        raise _cache_error(name, cache, err) from None
+
+
+def _cache_error(name: str, cache: Path, err: OSError) -> CacheError:
+    where = os.environ.get(CACHE_VARIABLE)
+    now = f"{CACHE_VARIABLE}={where}" if where else f"{CACHE_VARIABLE} is not set"
+    return CacheError(
+        f"{name}: densekit's cache cannot be written at {cache} ({err.strerror or _first(err)}; {now}): "
+        f"set {CACHE_VARIABLE} to a folder densekit can write"
+    )
+
+
+def _first(err: BaseException) -> str:
+    return (str(err).strip() or type(err).__name__).splitlines()[0]
 
 
 def _identity(name: str) -> dict:
@@ -104,16 +143,28 @@ def _reusable(folder: Path, identity: dict) -> bool:
     manifest = read_manifest(folder) if folder.is_dir() else None
     if manifest is None or manifest.kind != KIND:
         return False  # absent, or not ours: `artefact_dir` refuses to replace what it did not make
+    source = shown(identity["source"])
     if manifest.identity != identity:
-        log.info("%s: the cached copy was made from another version of %s; reading it again",
-                 folder, identity["source"])  # fmt: skip
+        log.info("%s: the cached copy was made from another version of %s; reading it again", folder, source)
         return False
     try:
         verify(folder, manifest)
     except DataError as err:
-        log.warning("%s; reading %s again", str(err).splitlines()[0], identity["source"])
+        log.warning("%s; reading %s again", str(err).splitlines()[0], source)
+        return False
+    added = _unlisted(folder, manifest.checksums)
+    if added:
+        log.warning("%s: holds %s, which densekit did not write there (a copy holds only what it wrote); "
+                    "reading %s again", folder, ", ".join(added[:5]), source)  # fmt: skip
         return False
     return True
+
+
+def _unlisted(folder: Path, listed: dict[str, str]) -> list[str]:
+    """The files under `folder` its manifest does not list (a split's judgements added by hand would
+    otherwise be read as one of the source's)."""
+    found = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
+    return sorted(name for name in found if name not in listed and name != MANIFEST)
 
 
 def _materialise(source: Source, folder: Path) -> None:
@@ -130,11 +181,20 @@ def _materialise(source: Source, folder: Path) -> None:
     except (DensekitError, ImportError):
         raise
     except Exception as err:  # the library failed while reading (a download, a parse): one line
+        if isinstance(err, OSError) and _inside(err.filename, collections_cache()):
+            raise _cache_error(source.name, folder.parent, err) from None  # writing the copy failed
         if source.library == "ir_datasets":
             raise OSError(named_sources.explain_irds_failure(source.name, err)) from None
         raise OSError(f"{source.name}: {source.library} could not read it: {named_sources._first_line(err)}"
                       ) from None  # fmt: skip
     log.info("%s: %s", source.name, ", ".join(f"{n:,} {what}" for what, n in counts.items()))
+
+
+def _inside(filename: object, folder: Path) -> bool:
+    """True when an error's file is under `folder`."""
+    if not isinstance(filename, str | os.PathLike):
+        return False
+    return Path(filename).resolve().is_relative_to(folder.resolve())
 
 
 def _write_beir(source: Source, folder: Path) -> dict[str, int]:

@@ -10,19 +10,25 @@ install 'densekit[data]'`) and imported only here, when a name is used.
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import importlib
 import importlib.util
 import json
 import logging
 import os
+import socket
 import sys
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from densekit.data import hf_local
 from densekit.errors import DensekitError
-from densekit.io.fingerprint import digest_of, tree_checksums
+from densekit.io.fingerprint import digest_of
 
 IRDS, HF = "irds", "hf"
 # The splits an ir_datasets id may end in; any other id's judgements are its `test` split.
@@ -30,6 +36,8 @@ _IRDS_SPLITS = ("train", "dev", "test", "validation")
 _DEFAULT_SPLIT = "test"
 _HF_QRELS_CONFIGS = ("default", "qrels")  # MTEB's config name for the judgements, and another in use
 _BATCH = 1000
+_SHOWN = 100  # the characters of a name a message shows
+_PROBE_SECONDS = 3.0
 
 Documents = Callable[[], Iterable[tuple[str, str, str]]]  # (id, title, text)
 Queries = Callable[[], Iterable[tuple[str, str]]]  # (id, text)
@@ -62,6 +70,11 @@ def _library(module: str, name: str) -> Any:
     except ImportError:
         extra = "pip install 'densekit[data]'"
         raise RuntimeError(f"{name}: reading it needs the {module} package: {extra}") from None
+
+
+def shown(name: str) -> str:
+    """`name` as messages show it: whole when short, else its start and its length."""
+    return name if len(name) <= _SHOWN else f"{name[:_SHOWN]}... ({len(name)} characters)"
 
 
 def _version(module: str) -> str:
@@ -101,7 +114,7 @@ def irds_identity(dataset_id: str) -> dict[str, Any]:
 def irds_source(dataset_id: str) -> Source:
     """The ir_datasets collection `dataset_id`; an unknown id, or one without documents or queries, is
     refused in one line."""
-    name = f"irds:{dataset_id}"
+    name = shown(f"irds:{dataset_id}")
     irds = _library("ir_datasets", name)
     try:
         dataset = irds.load(dataset_id)
@@ -138,9 +151,10 @@ def _irds_document(doc: Any) -> tuple[str, str, str]:
 
 
 def explain_irds_failure(name: str, err: Exception) -> str:
-    """One line for an ir_datasets failure while reading: a download that could not be made says so
-    and where the files would be read from instead."""
-    if err.args and err.args[0] == "All download sources failed":
+    """One line for an ir_datasets failure while reading: a download that could not be made (all its
+    sources failed, or the network could not be reached) says so and where the files would be read
+    from instead."""
+    if (err.args and err.args[0] == "All download sources failed") or _network_failure(err):
         import ir_datasets
 
         return (f"{name}: ir_datasets could not download its files (no network?); put them under "
@@ -149,34 +163,57 @@ def explain_irds_failure(name: str, err: Exception) -> str:
     return f"{name}: ir_datasets could not read it: {_first_line(err)}"
 
 
+def _network_failure(err: BaseException) -> bool:
+    """True when `err`, or an error it was raised from, is a connection that could not be made."""
+    import requests  # ir_datasets downloads with it
+
+    network = (ConnectionError, TimeoutError, socket.gaierror, requests.ConnectionError, requests.Timeout)
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, network):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 # Hugging Face datasets --------------------------------------------------------------------------------
 
 
 def split_revision(reference: str) -> tuple[str, str | None]:
-    """`repo@revision` as its two parts; a local folder (which may hold an `@`) has no revision."""
-    if Path(reference).expanduser().is_dir() or "@" not in reference:
+    """`repo@revision` as its two parts; a local folder (which may hold an `@`) has no revision. Nothing
+    before the `@` is refused (it would read the working folder)."""
+    if os.path.isdir(os.path.expanduser(reference)) or "@" not in reference:  # False for a too long name
         return reference, None
     repo, revision = reference.rsplit("@", 1)
+    if not repo:
+        raise NamedCollectionError(f"{shown(f'hf:{reference}')}: no dataset is named before the '@'")
     return repo, revision or None
 
 
 def _local(path: str) -> Path | None:
     folder = Path(path).expanduser()
-    return folder.resolve() if folder.is_dir() else None
+    return folder.resolve() if os.path.isdir(folder) else None
 
 
 def hf_identity(reference: str) -> dict[str, Any]:
     """What names a Hugging Face dataset's version: the name and revision asked for (`main` unless
-    pinned), and for a local folder a digest of its files and of its `-qrels` sibling's."""
+    pinned), and for a local folder a digest of its files and of its `-qrels` sibling's, made once
+    each is known to be a dataset whose files are its own (`hf_local`)."""
     repo, revision = split_revision(reference)
     identity: dict[str, Any] = {"source": f"hf:{reference}", "library": "datasets"}
     local = _local(repo)
     if local is None:
         return identity | {"revision": revision or "main"}
-    files = {f"{local.name}/{k}": v for k, v in tree_checksums(local).items()}
+    name = shown(f"hf:{reference}")
+    hf_local.check_dataset_folder(name, local)
     sibling = local.with_name(f"{local.name}-qrels")
     if sibling.is_dir():
-        files |= {f"{sibling.name}/{k}": v for k, v in tree_checksums(sibling).items()}
+        hf_local.check_dataset_folder(f"{name} (its judgements, {sibling.name})", sibling, needed=())
+    files = {f"{local.name}/{k}": v for k, v in hf_local.folder_digests(local).items()}
+    if sibling.is_dir():
+        files |= {f"{sibling.name}/{k}": v for k, v in hf_local.folder_digests(sibling).items()}
     return identity | {"files": digest_of(files)}
 
 
@@ -184,7 +221,9 @@ def hf_source(reference: str) -> Source:
     """The Hugging Face dataset `reference` (a hub id, `id@revision`, or a local folder) in the BEIR
     layout (configs `corpus` and `queries`, judgements in the `<id>-qrels` dataset) or MTEB's (the
     judgements in its `default` config)."""
-    name = f"hf:{reference}"
+    name = shown(f"hf:{reference}")
+    if _local(split_revision(reference)[0]) is None and not _offline():
+        _check_hub_reachable(name)  # before importing datasets, which takes seconds
     datasets = _library("datasets", name)
     with _bars_on_a_terminal_only(datasets):
         return _hf_source(datasets, name, reference)
@@ -208,7 +247,8 @@ def _hf_source(datasets: Any, name: str, reference: str) -> Source:
     repo, revision = split_revision(reference)
     local = _local(repo)
     path = str(local) if local is not None else repo
-    configs = _hf_call(name, lambda: datasets.get_dataset_config_names(path, revision=revision))
+    call = functools.partial(_hf_call, name, local=local is not None)
+    configs = call(lambda: datasets.get_dataset_config_names(path, revision=revision))
     missing = [c for c in ("corpus", "queries") if c not in configs]
     if missing:
         raise NamedCollectionError(
@@ -220,12 +260,14 @@ def _hf_source(datasets: Any, name: str, reference: str) -> Source:
 
     # datasets keys its own cache of a local folder by the configs' file patterns, not the files' content,
     # so an edited folder would come back as it was: a local folder is read afresh (it is only read when
-    # its content changed, or there is no copy yet)
-    fresh = {"download_mode": "force_redownload"} if local is not None else {}
+    # its content changed, or there is no copy yet), and without checking its splits' sizes against
+    # those datasets recorded of the folder's earlier content (another number of rows is refused)
+    fresh = {"download_mode": "force_redownload", "verification_mode": "no_checks"}
+    fresh = fresh if local is not None else {}
 
     def load(where: str, config: str | None, **options: Any) -> Any:
         options |= fresh
-        return _hf_call(name, lambda: datasets.load_dataset(where, config, revision=revision, **options))
+        return call(lambda: datasets.load_dataset(where, config, revision=revision, **options))
 
     corpus, queries = load(path, "corpus"), load(path, "queries")
     # BeIR's `-qrels` datasets are TSV files, whose column types datasets guesses: ids that look like
@@ -249,15 +291,54 @@ def _hf_source(datasets: Any, name: str, reference: str) -> Source:
     return Source(name, "datasets", hf_identity(reference), about, documents, query_rows, judgements)
 
 
-def _hf_call(name: str, call: Callable[[], Any]) -> Any:
+def _hf_call(name: str, call: Callable[[], Any], local: bool) -> Any:
     """Run a `datasets` call, turning its failures (unknown name, hub not reachable, offline mode
-    without a cached copy) into one line."""
+    without a cached copy, a file it could not write) into one line; offline mode is recalled only
+    for a dataset of the hub."""
     try:
         return call()
-    except (OSError, ValueError, RuntimeError) as err:
+    except DensekitError:
+        raise
+    except Exception as err:  # datasets raises errors of its own kinds too (DatasetGenerationError)
+        cause = _root_cause(err)
+        why = _first_line(err)
+        if cause is not err:
+            why += f" ({cause.strerror or _first_line(cause)})" if isinstance(cause, OSError) else ""
+        if isinstance(cause, OSError) and cause.errno == errno.ENAMETOOLONG:
+            why += "; the folder's name makes datasets' cache file names too long: give it a shorter one"
         offline = " (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set: only cached copies are read)"
-        offline = offline if _offline() else ""
-        raise OSError(f"{name}: datasets could not load it: {_first_line(err)}{offline}") from None
+        offline = offline if _offline() and not local else ""
+        raise OSError(f"{name}: datasets could not load it: {why}{offline}") from None
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    """The first error of the chain `err` was raised from."""
+    seen = {id(err)}
+    while err.__cause__ is not None and id(err.__cause__) not in seen:
+        err = err.__cause__
+        seen.add(id(err))
+    return err
+
+
+def _check_hub_reachable(name: str) -> None:
+    """Refuse at once, with the way to read a cached copy, when the hub (or the proxy to it) cannot be
+    reached: `huggingface_hub` would retry for about 25 seconds before failing. A connection is tried,
+    as the hub's library offers no such check."""
+    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(endpoint.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        through = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = through.hostname or host, through.port or 80
+    try:
+        socket.create_connection((host, port), timeout=_PROBE_SECONDS).close()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise NamedCollectionError(
+            f"{name}: the Hugging Face hub cannot be reached ({host}:{port}: {reason}); to read the copy "
+            "datasets keeps in its cache without asking the hub, set HF_HUB_OFFLINE=1"
+        ) from None
 
 
 def _offline() -> bool:
@@ -314,13 +395,18 @@ def _first_line(err: BaseException) -> str:
 
 @contextlib.contextmanager
 def quiet_library(source: Source) -> Iterator[None]:
-    """Keep a library's own log lines (retries, mirrors tried) off the console while it reads; its
-    failure comes back as one line of ours."""
+    """Keep a library's own log lines (retries, mirrors tried) off the console while it reads, and
+    its progress bars too unless standard error is a terminal; its failure comes back as one line of
+    ours."""
     if not source.quiet:
         yield
         return
     logging.disable(logging.WARNING)
     try:
-        yield
+        with contextlib.ExitStack() as stack:
+            if not sys.stderr.isatty():  # ir_datasets' bars and the lines it writes past logging
+                sink = stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
+                stack.enter_context(contextlib.redirect_stderr(sink))
+            yield
     finally:
         logging.disable(logging.NOTSET)
