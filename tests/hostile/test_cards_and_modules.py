@@ -31,6 +31,7 @@ from densekit.routing.strategies import RouteSpec
 from densekit.training.checkpoint import checkpoints
 
 from ..test_modules import TEXTS, put_module
+from ..test_trackers import CONFIG_YAML, log_record
 from ..test_training import make_config
 from .commands import cli
 
@@ -303,3 +304,36 @@ def test_6_train_overwrite_keeps_the_users_readme_in_model_and_best(
         assert read_manifest(run / name).kind == "model"
         verify(run / name)
         DenseEncoder.load(run / name)
+
+
+# --- case 8: a copied run folder and a shared MLflow store ------------------------------------------
+
+
+def test_8_resuming_a_copied_run_folder_leaves_the_originals_mlflow_run(tmp_path: Path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from densekit.training.log import TrainingLog
+
+    store = (tmp_path / "store").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=store)
+
+    def started(folder: Path, resume_step: int | None, steps: range) -> str:
+        training_log = TrainingLog(folder, resume_step, ["mlflow"], CONFIG_YAML)
+        for step in steps:
+            training_log.write(log_record(step, resumed=resume_step is not None))
+        training_log.close(failed=resume_step is None)
+        return json.loads((folder / "mlflow-run.json").read_text())["run_id"]
+
+    original = tmp_path / "original"
+    original.mkdir()
+    first = started(original, None, range(1, 5))
+    copy = shutil.copytree(original, tmp_path / "copy")
+    copied = started(copy, 3, range(4, 7))
+    assert client.get_run(first).info.lifecycle_stage == "active"  # the original's run is left
+    resumed = started(original, 3, range(4, 7))
+    assert client.get_run(first).info.lifecycle_stage == "deleted"  # its own folder replaces it
+    assert {client.get_run(r).info.lifecycle_stage for r in (copied, resumed)} == {"active"}
+    history = client.get_metric_history(copied, "loss")
+    assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]
