@@ -30,10 +30,11 @@ from densekit.routing.route import Route
 from densekit.routing.strategies import RouteSpec
 from densekit.training.checkpoint import checkpoints
 
+from ..conftest import write_beir
 from ..test_modules import TEXTS, put_module
 from ..test_trackers import CONFIG_YAML, log_record
 from ..test_training import make_config
-from .commands import cli
+from .commands import assert_refused, cli
 
 # A folder name that closes a Python string and runs code, starts a second title, and carries raw
 # HTML, backticks that would end a code block, a table's bar, a link and a right-to-left override.
@@ -337,3 +338,24 @@ def test_8_resuming_a_copied_run_folder_leaves_the_originals_mlflow_run(tmp_path
     assert {client.get_run(r).info.lifecycle_stage for r in (copied, resumed)} == {"active"}
     history = client.get_metric_history(copied, "loss")
     assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]
+
+
+# --- case 20: a module of the same name with other weights ------------------------------------------
+
+
+def test_20_an_index_made_with_a_module_of_the_same_name_and_other_weights_names_the_module(
+    tiny_model: Path, tmp_path: Path, capsys
+):
+    for seed, name in enumerate(("s1", "s2")):
+        encoder = DenseEncoder.load(tiny_model, pooling="mean")
+        put_module(encoder, "lora", "s", seed=seed)
+        encoder.save(tmp_path / name)
+    data = write_beir(tmp_path / "data")
+    code, err, _ = cli(capsys, "encode", tmp_path / "s1", data, "-o", tmp_path / "emb")
+    assert code == 0, err
+    code, err, _ = cli(capsys, "index", tmp_path / "emb", "-o", tmp_path / "idx")
+    assert code == 0, err
+    code, err, _ = cli(capsys, "search", tmp_path / "s2", tmp_path / "idx", data, "-o", tmp_path / "run.trec")
+    assert_refused(code, err, f"{tmp_path / 'idx'} was built with a module 's' of other weights",
+                   f"module 's' on this encoder (loaded from {tmp_path / 's2'})")  # fmt: skip
+    assert "other model weights" not in err
