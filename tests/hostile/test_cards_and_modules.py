@@ -359,3 +359,17 @@ def test_20_an_index_made_with_a_module_of_the_same_name_and_other_weights_names
     assert_refused(code, err, f"{tmp_path / 'idx'} was built with a module 's' of other weights",
                    f"module 's' on this encoder (loaded from {tmp_path / 's2'})")  # fmt: skip
     assert "other model weights" not in err
+
+
+# --- case 27: --report-to '' -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", ["", "mlflow,", " , "])
+def test_27_an_empty_report_to_is_refused_in_one_line(
+    collection, tiny_model: Path, tmp_path: Path, capsys, given
+):
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(make_config(collection, tiny_model).model_dump(mode="json")))
+    code, err, _ = cli(capsys, "train", config, "--out", tmp_path / "run", "--report-to", given)
+    assert_refused(code, err, f"--report-to {given!r}: an empty tracker name", "none")
+    assert not (tmp_path / "run").exists()
