@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertModel, DistilBertConfig, DistilBertModel
+from transformers import AutoTokenizer, BertConfig, BertModel, DistilBertConfig, DistilBertModel
 
 from densekit.encoding.embed import embed_texts
 from densekit.models import DenseEncoder
@@ -97,3 +97,56 @@ def test_a_batch_without_padding_runs_transformers_own_pass(encoder: DenseEncode
     finally:
         hook.remove()
     assert whole_passes  # packing would only add its gathers
+
+
+# BertConfig fields that change what a BERT computes in inference: packing must give transformers' own
+# vectors under each, or leave the batch to transformers (relative positions, which transformers 4.x
+# computes and `packed_hidden` does not; transformers 5 dropped them and adds absolute positions).
+CONFIG_VARIANTS = {
+    "absolute positions": {"position_embedding_type": "absolute"},
+    "relative_key": {"position_embedding_type": "relative_key"},
+    "relative_key_query": {"position_embedding_type": "relative_key_query"},
+    "no position type": {"position_embedding_type": None},
+    "pruned heads": {"pruned_heads": {0: [1]}},
+    "another activation and eps": {"hidden_act": "gelu_new", "layer_norm_eps": 1e-3},
+    "chunked feed-forward": {"chunk_size_feed_forward": 1},
+    "eager attention": {"attn_implementation": "eager"},
+}
+
+
+@pytest.mark.parametrize("variant", CONFIG_VARIANTS)
+def test_inference_gives_transformers_vectors_whatever_the_bert_config(
+    tiny_model: Path, tmp_path: Path, variant: str
+):
+    config = BertConfig.from_pretrained(tiny_model)
+    for key, value in CONFIG_VARIANTS[variant].items():
+        setattr(config, key, value)
+    torch.manual_seed(3)
+    BertModel(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(tmp_path)
+    encoder = DenseEncoder.load(tmp_path, pooling="mean").eval()
+    inputs = encoder.pad(encoder.tokenize(TEXTS, "query"))
+    with torch.inference_mode():  # inference: packed where densekit packs this BERT
+        inferred = encoder(inputs["input_ids"], inputs["attention_mask"], kind="query")
+        theirs = encoder.backbone("query")(**inputs).last_hidden_state
+    padded = encoder(inputs["input_ids"], inputs["attention_mask"], kind="query").detach()  # autograd
+    mask = inputs["attention_mask"].unsqueeze(-1).float()
+    torch.testing.assert_close(padded, (theirs * mask).sum(1) / mask.sum(1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(inferred, padded, atol=1e-5, rtol=1e-5)
+
+
+def test_a_bert_with_relative_positions_is_left_to_transformers_and_said_once(
+    tiny_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    config = BertConfig.from_pretrained(tiny_model)
+    config.position_embedding_type = "relative_key"
+    BertModel(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(tmp_path)
+    encoder = DenseEncoder.load(tmp_path).eval()
+    with caplog.at_level("INFO", logger="densekit"):
+        assert not encoder.computes_only_tokens("query")
+        embed_texts(encoder, TEXTS, "query", 4)
+        embed_texts(encoder, TEXTS, "passage", 4)
+    told = [r.getMessage() for r in caplog.records if "position_embedding_type" in r.getMessage()]
+    assert told == ["a BERT with position_embedding_type 'relative_key' is run by transformers over its "
+                    "padded batches: packed inference adds absolute positions only"]  # fmt: skip

@@ -39,10 +39,16 @@ ReportToOpt = Annotated[
 
 
 def report_to_override(names: list[str] | None) -> list[str]:
-    """`--report-to` as a `report_to=[...]` config override; none when the option is not given."""
+    """`--report-to` as a `report_to=[...]` config override; none when the option is not given. An
+    empty name (`--report-to ''`, `mlflow,`) is refused: it is a slip, and 'none' says none."""
     if names is None:
         return []
-    chosen = [part.strip() for name in names for part in name.split(",") if part.strip()]
+    chosen = [part.strip() for name in names for part in name.split(",")]
+    if "" in chosen:
+        given = ", ".join(repr(name) for name in names)
+        raise ValueError(
+            f"--report-to {given}: an empty tracker name; give tensorboard, mlflow, wandb or none"
+        )
     chosen = [name for name in chosen if name != "none"]
     return [f"report_to=[{','.join(chosen)}]"]
 

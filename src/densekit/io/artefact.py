@@ -5,6 +5,8 @@ holds `densekit-artefact.json`; a file it makes (a run, mined examples, scores) 
 `.<name>.densekit.json` beside it. A manifest records the artefact's `kind`, its `identity` (the
 model's weights, the settings and the inputs' content that made it, compared before it is reused),
 `about` (paths and names, for people, never compared) and `checksums` of its files, checked on load.
+A `README.md` anywhere in a folder is documentation: never checksummed, never checked, and a person's
+own is kept when densekit replaces the folder (`densekit.io.readme`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 from densekit.diagnostics import DataError, Problem
 from densekit.io.atomic import atomic_dir, check_replaceable, write_text_atomic
 from densekit.io.fingerprint import digest_of, file_digest, tree_checksums
+from densekit.io.readme import holds_only_user_readme, is_card, keep_user_readme
 from densekit.version import __version__
 
 MANIFEST = "densekit-artefact.json"
@@ -121,7 +124,13 @@ def is_artefact(folder: Path | str, kind: str) -> bool:
 
 def check_artefact_dir(path: Path | str, kind: str) -> None:
     """Raise now, before any work, if `artefact_dir(path, kind)` would refuse `path`."""
-    check_replaceable(Path(path), lambda existing: is_artefact(existing, kind))
+    check_replaceable(Path(path), _replaceable(kind))
+
+
+def _replaceable(kind: str) -> Callable[[Path], bool]:
+    """What `artefact_dir` may replace: a `kind` folder densekit made, or a folder holding only a
+    README of a person's own (which is kept)."""
+    return lambda existing: is_artefact(existing, kind) or holds_only_user_readme(existing)
 
 
 @contextlib.contextmanager
@@ -134,16 +143,19 @@ def artefact_dir(
 ) -> Iterator[Path]:
     """Write a `kind` folder atomically, with its manifest and checksums.
 
-    Only an empty folder or one densekit made as the same kind is ever replaced; anything else at
-    `path` is refused before any work. `digests`, which the caller may fill inside the block, holds
+    Only an empty folder, one densekit made as the same kind, or one holding only a person's README is
+    ever replaced (a person's README is kept); anything else at `path` is refused before any work.
+    READMEs are left out of the checksums. `digests`, which the caller may fill inside the block, holds
     checksums of files it computed as it wrote them (`write_digested`); the others are read back.
     """
     digests = {} if digests is None else digests
-    with atomic_dir(path, may_replace=lambda existing: is_artefact(existing, kind)) as tmp:
+    with atomic_dir(path, may_replace=_replaceable(kind)) as tmp:
         yield tmp
         checksums = tree_checksums(tmp, skip={MANIFEST, *digests}) | digests
-        manifest = new_manifest(kind, identity, dict(sorted(checksums.items())), about)
+        checksums = {name: digest for name, digest in sorted(checksums.items()) if not is_card(name)}
+        manifest = new_manifest(kind, identity, checksums, about)
         (tmp / MANIFEST).write_text(manifest.to_json(), encoding="utf-8")
+        keep_user_readme(Path(path), tmp)
 
 
 def write_folder_manifest(
@@ -156,13 +168,16 @@ def write_folder_manifest(
 
 
 def verify(folder: Path | str, manifest: Manifest | None = None) -> Manifest:
-    """Check every file a folder's manifest lists against its checksum; `DataError` names the first
-    that is missing or changed."""
+    """Check every file a folder's manifest lists against its checksum (but a README, which a manifest
+    written before READMEs were left out may list); `DataError` names the first that is missing or
+    changed."""
     folder = Path(folder)
     manifest = manifest or read_manifest(folder)
     if manifest is None:
         raise _error(folder, f"no {MANIFEST}: not made by this version of densekit")
     for name, expected in manifest.checksums.items():
+        if is_card(name):
+            continue
         path = folder / name
         if not path.is_file():
             raise _error(path, "missing: the folder is incomplete")

@@ -6,9 +6,14 @@ manifest (its config, its inputs' digests), their sizes and the scores the run m
 (library_name, base_model, tags, datasets where known, model-index where there are scores) and the file
 are huggingface_hub's `ModelCard` and `ModelCardData`; the Markdown body is densekit's.
 
-The card is written after the folder's checksums, so editing it never makes the folder fail its check.
-densekit writes `README.md` only where there is none or where the one there is its own (its body starts
-with `CARD_MARK`): a README a person wrote is kept, also when densekit replaces the folder around it.
+The card is written after the folder's checksums and is never part of them (`densekit.io.readme`), so
+editing it never makes the folder fail its check. densekit writes `README.md` only where there is none
+or where the one there is its own (it carries `CARD_MARK`): a README a person wrote is kept, also when
+densekit replaces the folder around it (`artefact_dir` keeps it).
+
+Whatever the card says of names and paths (a folder's name, a base's path, a config's values) is text
+anyone may have chosen: prose shows it escaped (`markdown_text`), code blocks are fenced longer than any
+run of backticks they hold, and the Python snippets take it as string literals (`repr`).
 """
 
 from __future__ import annotations
@@ -20,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from densekit.io.artefact import read_manifest
-from densekit.io.atomic import atomic_file, write_text_atomic
+from densekit.io.atomic import write_text_atomic
+from densekit.io.readme import CARD_FILE, CARD_MARK, is_densekit_card
 
-CARD_FILE = "README.md"
-CARD_MARK = (
-    "<!-- densekit model card: written from densekit-artefact.json; delete this line to keep your edits -->"
-)
 TRAINING_HEADING = "## Training"
-MARK_WITHIN = 1 << 20  # densekit's mark sits near the top: a README is read that far for it
+# What Markdown or the HTML in it could read as syntax, anywhere in a line: written as HTML entities
+# (`<`, `>`, `&`: no tag, comment or entity of a name's own) or escaped with a backslash.
+_ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+_MARKUP = re.compile(r"[<>&\\`*_\[\]{}|#~$!]")
 HF_DATASET = re.compile(r"^hf:([\w.-]+/[\w.-]+)")
 
 
@@ -41,7 +46,9 @@ class Usage:
 
 @dataclass
 class CardFacts:
-    """What a saved folder's card says of it, beside its manifest."""
+    """What a saved folder's card says of it, beside its manifest: `summary` is Markdown (its names
+    escaped by the caller), the other texts are shown as they are; `hub_base` is the base's hub id
+    (none for a local folder, whose path is the machine's own)."""
 
     title: str
     summary: str
@@ -51,6 +58,7 @@ class CardFacts:
     settings: dict[str, Any] = field(default_factory=dict)
     usage: list[Usage] = field(default_factory=list)
     pipeline_tag: str | None = None
+    hub_base: str | None = None
 
 
 @dataclass
@@ -86,59 +94,50 @@ class TrainingFacts:
     scores: list[Score] = field(default_factory=list)
 
 
-def is_densekit_card(folder: Path | str) -> bool:
-    """True when `folder/README.md` is a card densekit wrote (and nobody took its mark out)."""
-    path = Path(folder) / CARD_FILE
-    if not path.is_file():
-        return False
-    try:
-        with path.open("rb") as handle:
-            return CARD_MARK.encode() in handle.read(MARK_WITHIN)
-    except OSError:
-        return False
+def markdown_text(text: str) -> str:
+    """`text` as Markdown prose shows it, character for character, on one line: characters that do not
+    print (line breaks, other controls, bidirectional overrides) as Python writes them escaped (`\\n`),
+    `<`, `>` and `&` as HTML entities, and the rest of Markdown's syntax escaped with a backslash."""
+    visible = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
+    return _MARKUP.sub(lambda m: _ENTITIES.get(m.group(), "\\" + m.group()), visible)
 
 
-def user_card(folder: Path | str) -> bytes | None:
-    """The bytes of a README in `folder` that densekit did not write, to keep when the folder is
-    replaced; None when there is none or it is densekit's."""
-    path = Path(folder) / CARD_FILE
-    if not path.is_file() or path.is_symlink() or is_densekit_card(folder):
-        return None
-    return path.read_bytes()
+def fenced(language: str, code: str) -> list[str]:
+    """`code` as a Markdown code block: fenced with more backticks than any run of them in it, so no
+    line of it ends the block early."""
+    longest = max((len(run) for run in re.findall("`+", code)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + language, code, fence]
 
 
-def write_model_card(folder: Path | str, facts: CardFacts, kept: bytes | None = None) -> bool:
-    """Write the card of the folder densekit just saved; `kept` is a README of the user's that the save
-    replaced (`user_card`), written back instead. False when a README that is not densekit's stays."""
+def write_model_card(folder: Path | str, facts: CardFacts) -> bool:
+    """Write the card of the folder densekit just saved, atomically; False (nothing written) when a
+    README that is not densekit's is there."""
     from huggingface_hub import ModelCard, ModelCardData
 
     folder = Path(folder)
     path = folder / CARD_FILE
-    if kept is not None:
-        with atomic_file(path, "wb", encoding=None) as handle:
-            handle.write(kept)
-        return False
     if path.exists() and not is_densekit_card(folder):
         return False
     manifest = read_manifest(folder)
     data = ModelCardData(
         library_name=facts.library_name,
-        base_model=facts.details.get("base model"),
+        base_model=facts.hub_base,
         tags=facts.tags,
         pipeline_tag=facts.pipeline_tag,
     )
-    body = [CARD_MARK, "", f"# {facts.title}", "", facts.summary, "", "## Model", ""]
+    body = [CARD_MARK, "", f"# {markdown_text(facts.title)}", "", facts.summary, "", "## Model", ""]
     rows = dict(facts.details)
     if manifest is not None:
         rows.update({"densekit": manifest.densekit, "made by densekit as": manifest.kind})
         plain = {k: v for k, v in manifest.identity.items() if not isinstance(v, dict)}
-        rows.update({f"identity: {k}": _cell(v) for k, v in plain.items()})
+        rows.update({f"identity: {k}": v for k, v in plain.items()})
     body += _table(("", ""), rows.items())
     if facts.settings:
-        body += ["", "Settings:", "", "```json", json.dumps(facts.settings, indent=2), "```"]
+        body += ["", "Settings:", "", *fenced("json", json.dumps(facts.settings, indent=2))]
     body += ["", "## Use it", ""]
     for usage in facts.usage:
-        body += [f"### {usage.library}", "", "```python", usage.code.strip(), "```", ""]
+        body += [f"### {markdown_text(usage.library)}", "", *fenced("python", usage.code.strip()), ""]
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body).rstrip() + "\n")
     write_text_atomic(path, str(card))
     return True
@@ -182,14 +181,13 @@ def _training_section(training: TrainingFacts) -> list[str]:
                   for s in training.scores]  # fmt: skip
         lines += ["", "Scores it measured:", ""]
         lines += _table(("measure", "value", "collection", "split", "step", "command"), scores)
-    lines += ["", "Its config:", "", "```yaml", training.config_yaml.rstrip(), "```"]
+    lines += ["", "Its config:", "", *fenced("yaml", training.config_yaml.rstrip())]
     return lines
 
 
 def _cell(value: Any) -> str:
     """A value as a Markdown table cell."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    return markdown_text(value if isinstance(value, str) else json.dumps(value))
 
 
 def _table(header: tuple[str, ...], rows: Any) -> list[str]:

@@ -21,7 +21,7 @@ from densekit.device import Precision
 from densekit.diagnostics import DataError, Problem
 from densekit.inference import infer_in_batches
 from densekit.io.artefact import artefact_dir
-from densekit.io.model_card import user_card, write_model_card
+from densekit.io.model_card import write_model_card
 from densekit.models.card import cross_encoder_card
 from densekit.models.fingerprint import weights_fingerprint
 from densekit.models.hub import resolve_model_path
@@ -132,8 +132,7 @@ class CrossEncoder(torch.nn.Module):
     def save(self, path: str | Path) -> None:
         """Save as a Hugging Face folder (safetensors) that sentence-transformers' CrossEncoder loads."""
         identity = {"weights": self.fingerprint(), "max_length": self.max_length}
-        kept = user_card(path)
         with artefact_dir(path, KIND, identity, {"source": self.source}) as tmp:
             self.model.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
-        write_model_card(path, cross_encoder_card(Path(path), self.source, self.max_length), kept)
+        write_model_card(path, cross_encoder_card(Path(path), self.source, self.max_length))

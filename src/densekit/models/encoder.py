@@ -11,7 +11,7 @@ from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 
 from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import artefact_dir
-from densekit.io.model_card import user_card, write_model_card
+from densekit.io.model_card import write_model_card
 from densekit.models.card import encoder_card
 from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
 from densekit.models.fingerprint import tensors_fingerprint, weights_fingerprint
@@ -358,7 +358,6 @@ class DenseEncoder(torch.nn.Module):
                 )
             module.save(path, self.config.model_dump())
             return
-        kept = user_card(path)
         with artefact_dir(path, MODEL_KIND, self.identity(), {"source": self.source}) as tmp:
             if self.config.tied:
                 self.query_backbone.save_pretrained(tmp, safe_serialization=True)
@@ -369,4 +368,4 @@ class DenseEncoder(torch.nn.Module):
             self.tokenizer.save_pretrained(tmp)
             (tmp / CONFIG_FILE).write_text(self.config.model_dump_json(indent=2), encoding="utf-8")
         settings = self.config.model_dump(mode="json")
-        write_model_card(path, encoder_card(Path(path), self.source, settings, self.config.tied), kept)
+        write_model_card(path, encoder_card(Path(path), self.source, settings, self.config.tied))

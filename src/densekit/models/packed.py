@@ -10,6 +10,8 @@ GPU; on a CPU its BERT computes every padded position. The weights and modules a
 
 from __future__ import annotations
 
+import logging
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +20,9 @@ import torch.nn.functional as F
 from transformers import BertModel
 
 from densekit.inference import length_batches
+
+log = logging.getLogger("densekit")
+_TOLD: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # models whose unpacked inference was logged
 
 # What one more attention call costs beside its arithmetic, in units of one text's attention over one
 # pair of its tokens (a group costs its texts times its longest text squared, plus this): on SciFact's
@@ -52,13 +57,24 @@ def worth_packing(attention_mask: torch.Tensor) -> bool:
 
 def packs(backbone: torch.nn.Module) -> bool:
     """Whether `packed_hidden` computes `backbone`'s inference: a plain transformers `BertModel` (not a
-    subclass), an encoder without cross-attention."""
+    subclass), an encoder without cross-attention, with absolute positions. Relative ones
+    (`position_embedding_type: relative_key`, which transformers 4 computes) are left to transformers'
+    padded pass, said once a model."""
     config = getattr(backbone, "config", None)
-    return (
+    if not (
         type(backbone) is BertModel
         and not getattr(config, "is_decoder", False)
         and not getattr(config, "add_cross_attention", False)
-    )
+    ):
+        return False
+    positions = getattr(config, "position_embedding_type", "absolute")
+    if positions == "absolute":
+        return True
+    if backbone not in _TOLD:
+        _TOLD.add(backbone)
+        log.info("a BERT with position_embedding_type %r is run by transformers over its padded batches: "
+                 "packed inference adds absolute positions only", positions)  # fmt: skip
+    return False
 
 
 def packed_hidden(backbone: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -76,7 +92,7 @@ def packed_hidden(backbone: BertModel, input_ids: torch.Tensor, attention_mask: 
     for layer in backbone.encoder.layer:
         attention = layer.attention.self
         query, key, value = (project(hidden) for project in (attention.query, attention.key, attention.value))
-        mixed = torch.empty_like(hidden)
+        mixed = hidden.new_empty(hidden.shape[0], query.shape[-1])  # narrower when heads were pruned
         for group in groups:
             heads = [_padded(x[group.first : group.end], group, attention.num_attention_heads)
                      for x in (query, key, value)]  # fmt: skip

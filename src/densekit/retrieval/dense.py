@@ -41,6 +41,13 @@ def check_passages_made_by(
                 f"passages with {_module_words(used)}; search with the module that made it (--module), or "
                 "encode and index the corpus again"
             )
+        if used is not None:  # the same module name, other weights: the module's, not the base's
+            module = encoder.attached[used]
+            where = f"loaded from {module.folder}" if module.folder is not None else "made in this process"
+            raise ValueError(
+                f"{what} with a module {used!r} of other weights than the module {used!r} on this encoder "
+                f"({where}); search with the module folder that made it, or encode and index the corpus again"
+            )
         raise ValueError(
             f"{what} from the embeddings of other model weights than {encoder.source}'s; "
             "search it with the model that made it, or encode and index the corpus again"

@@ -22,7 +22,7 @@ from densekit.device import Precision
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.embed import embed_texts
 from densekit.io.artefact import artefact_dir, verify
-from densekit.io.model_card import user_card, write_model_card
+from densekit.io.model_card import write_model_card
 from densekit.models.card import route_card
 from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
@@ -171,13 +171,12 @@ class Route(torch.nn.Module):
         base = {"source": self.encoder.source, "fingerprint": self.encoder.base_fingerprint()}
         description = {"spec": self.spec.model_dump(), "base": base, "modules": modules,
                        "settings": self.encoder.config.model_dump()}  # fmt: skip
-        kept = user_card(folder)
         with artefact_dir(folder, ROUTE_KIND, {"route": self.fingerprint()}, {"base": base["source"]}) as tmp:
             if self.router is not None:
                 state = {k: v.detach().contiguous().cpu() for k, v in self.router.state_dict().items()}
                 safetensors.torch.save_file(state, str(tmp / ROUTER_WEIGHTS))
             (tmp / ROUTE_FILE).write_text(json.dumps(description, indent=2), encoding="utf-8")
-        write_model_card(folder, route_card(Path(folder), json.loads(json.dumps(description))), kept)
+        write_model_card(folder, route_card(Path(folder), json.loads(json.dumps(description))))
 
     @classmethod
     def load(cls, folder: str | Path, device: torch.device | str = "cpu") -> Route:

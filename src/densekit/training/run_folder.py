@@ -14,8 +14,9 @@ from typing import Any
 
 from densekit.data.dataset import input_fingerprint
 from densekit.io.artefact import read_manifest, write_folder_manifest
-from densekit.io.atomic import remove_dead_temporaries, write_text_atomic
+from densekit.io.atomic import atomic_file, remove_dead_temporaries, write_text_atomic
 from densekit.io.outputs import OutputError, claim_folder, clear_folder
+from densekit.io.readme import CARD_FILE, user_readme
 from densekit.models.hub import resolve_model_path
 from densekit.training.checkpoint import checkpoints
 from densekit.training.config import RunConfig
@@ -30,6 +31,24 @@ CONFIG_FILE = "config.yaml"
 RUN_ENTRIES = (
     CONFIG_FILE, CHECKPOINTS, FINAL_MODEL, BEST_MODEL, LOG_FILE, PLOT_FILE, "ance", *TRACKER_ENTRIES
 )  # fmt: skip
+
+
+def _users_readmes(output: Path) -> dict[str, bytes]:
+    """The READMEs of the user's own in the run's model folders, which `--overwrite` keeps."""
+    readmes = {}
+    for name in (FINAL_MODEL, BEST_MODEL):
+        readme = user_readme(output / name) if output.is_dir() else None
+        if readme is not None:
+            readmes[name] = readme.read_bytes()
+    return readmes
+
+
+def _put_back(output: Path, readmes: dict[str, bytes]) -> None:
+    """Write the kept READMEs back, each alone in its model folder until the run saves the model there
+    (the save keeps it)."""
+    for name, text in readmes.items():
+        with atomic_file(output / name / CARD_FILE, "wb", encoding=None) as handle:
+            handle.write(text)
 
 
 def _drop(tree: dict[str, Any], dotted: str) -> None:
@@ -86,6 +105,7 @@ def prepare_run_folder(
         set_here = config.model_dump(mode="json", exclude_defaults=True)
         older = _less_newer_defaults(identity["config"], made.identity["config"], set_here)
         compared = {**identity, "config": older}
+    readmes = _users_readmes(output) if overwrite else {}
     state = claim_folder(output, kind, compared, inputs, overwrite, RUN_ENTRIES)
     if state == "matching" and overwrite:
         clear_folder(output, RUN_ENTRIES)
@@ -102,6 +122,7 @@ def prepare_run_folder(
             log.warning("%s holds no %s to resume; starting a new one", output, kind)
         output.mkdir(parents=True, exist_ok=True)
         write_folder_manifest(output, kind, identity, {"inputs": config.input_paths()})
+        _put_back(output, readmes)
     write_text_atomic(output / CONFIG_FILE, config_yaml)
     for leftover in remove_dead_temporaries(output / CHECKPOINTS):
         log.info("removed %s, left by a killed checkpoint write", leftover.name)

@@ -7,7 +7,8 @@ same scalars at the same step, and the run's config is logged once, when the tra
 A resumed run drops the log's records past its checkpoint; its trackers then start over from the log
 as it is kept (TensorBoard's folder is made again, MLflow's and W&B's run is a new one holding the kept
 history, the MLflow run of the earlier start deleted), so no step is ever in a tracker twice and a
-tracker named only on resume still holds the whole run.
+tracker named only on resume still holds the whole run. Only an MLflow run this very folder made is
+deleted: a copy of a run folder resumed against the same tracking store leaves its original's run.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -28,6 +31,7 @@ import yaml
 
 from densekit.io.atomic import write_text_atomic
 
+log = logging.getLogger("densekit")
 TrackerName = Literal["tensorboard", "mlflow", "wandb"]
 # The package each tracker needs, and the extra that installs it.
 PACKAGES: dict[str, tuple[str, str]] = {
@@ -42,6 +46,7 @@ WANDB_FOLDER = "wandb"
 # What the trackers write in a run folder (a run's `--overwrite` removes these with the rest).
 TRACKER_ENTRIES = (TENSORBOARD_FOLDER, MLFLOW_FOLDER, MLFLOW_RUN_FILE, WANDB_FOLDER)
 EXPERIMENT = "densekit"
+FOLDER_TAG = "densekit.run_folder"  # an MLflow run's tag: the random id of the run folder that made it
 SKIPPED_KEYS = ("step",)
 
 
@@ -127,8 +132,10 @@ def mlflow_name(key: str) -> str:
 class MlflowTracker(Tracker):
     """A run in MLflow's tracking store through its client: the store of `MLFLOW_TRACKING_URI` when set,
     else a local file store in `RUN/mlruns`. Each start or resume makes a new MLflow run and deletes the
-    one the previous start made (its id kept in `RUN/mlflow-run.json`). The config is the run's
-    parameters (`section.key`) and its `config.yaml` artifact."""
+    one the previous start made (its id kept in `RUN/mlflow-run.json`) when this very folder made it:
+    the record names the folder (its file system's device and inode, which a copy does not share) and
+    a random id of the folder's, which the MLflow run carries as its `densekit.run_folder` tag. The
+    config is the run's parameters (`section.key`) and its `config.yaml` artifact."""
 
     def __init__(self, folder: Path, config_yaml: str, run_name: str):
         from mlflow.tracking import MlflowClient
@@ -143,23 +150,34 @@ class MlflowTracker(Tracker):
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-        self._delete_earlier(folder / MLFLOW_RUN_FILE, uri)
-        self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
-        write_text_atomic(folder / MLFLOW_RUN_FILE, json.dumps({"tracking_uri": uri, "run_id": self.run_id}))
+        record = folder / MLFLOW_RUN_FILE
+        folder_id = self._delete_earlier(record, uri)
+        tags = {FOLDER_TAG: folder_id}
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+        here = {"folder": _this_folder(folder), "folder_id": folder_id}
+        write_text_atomic(record, json.dumps({"tracking_uri": uri, "run_id": self.run_id, **here}))
         self._log_config(config_yaml)
 
-    def _delete_earlier(self, record: Path, uri: str) -> None:
-        """Delete the MLflow run an earlier start of this run made in the same store: the new one holds
-        its kept history again."""
+    def _delete_earlier(self, record: Path, uri: str) -> str:
+        """Delete the MLflow run an earlier start of this run made in the same store (the new one holds
+        its kept history again), when this very folder made it; returns the folder's random id (a new
+        one for a copy, or a folder whose record is an older densekit's)."""
         from mlflow.exceptions import MlflowException
 
-        try:
-            earlier = json.loads(record.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return
-        if isinstance(earlier, dict) and earlier.get("tracking_uri") == uri:
-            with contextlib.suppress(MlflowException):
-                self.client.delete_run(str(earlier.get("run_id")))
+        earlier = _read_record(record)
+        folder_id = earlier.get("folder_id")
+        own = earlier.get("folder") == _this_folder(record.parent) and isinstance(folder_id, str)
+        folder_id = folder_id if own else uuid.uuid4().hex
+        if earlier.get("tracking_uri") != uri:
+            return folder_id
+        run_id = str(earlier.get("run_id"))
+        with contextlib.suppress(MlflowException):
+            if own and self.client.get_run(run_id).data.tags.get(FOLDER_TAG) == folder_id:
+                self.client.delete_run(run_id)
+                return folder_id
+        log.info("%s names MLflow run %s, which this folder did not make (it is a copy, or the run is an "
+                 "older densekit's): that run is left as it is", record, run_id)  # fmt: skip
+        return folder_id
 
     def _log_config(self, config_yaml: str) -> None:
         from mlflow.entities import Param
@@ -179,6 +197,21 @@ class MlflowTracker(Tracker):
 
     def close(self, failed: bool = False) -> None:
         self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
+
+
+def _read_record(record: Path) -> dict[str, Any]:
+    """`mlflow-run.json` as an earlier start wrote it; empty when there is none or it is unreadable."""
+    try:
+        earlier = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return earlier if isinstance(earlier, dict) else {}
+
+
+def _this_folder(folder: Path) -> str:
+    """The run folder itself, as its file system knows it (a copy of it is another)."""
+    stat = folder.stat()
+    return f"{stat.st_dev}:{stat.st_ino}"
 
 
 def _milliseconds() -> int:

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import artefact_dir, verify
-from densekit.io.model_card import user_card, write_model_card
+from densekit.io.model_card import write_model_card
 from densekit.models.card import module_card
 from densekit.models.config import EncoderConfig
 from densekit.models.fingerprint import tensors_fingerprint
@@ -130,7 +130,6 @@ class EncoderModule(torch.nn.Module):
         """Write the module folder atomically; `settings` are the encoder settings it was trained with."""
         identity = {"base": self.base["fingerprint"], "module": self.fingerprint(), "settings": settings}
         kind = kind_of(self.spec)
-        kept = user_card(folder)
         with artefact_dir(folder, MODULE_KIND, identity, {"base": self.base["source"]}) as tmp:
             for place, tower in self.towers().items():
                 target = tmp / place
@@ -139,7 +138,7 @@ class EncoderModule(torch.nn.Module):
             description = {"spec": self.spec.model_dump(), "settings": settings, "base": self.base}
             (tmp / MODULE_FILE).write_text(json.dumps(description, indent=2), encoding="utf-8")
         spec, plain_settings = self.spec.model_dump(mode="json"), json.loads(json.dumps(settings))
-        write_model_card(folder, module_card(Path(folder), spec, self.base, plain_settings), kept)
+        write_model_card(folder, module_card(Path(folder), spec, self.base, plain_settings))
 
     @classmethod
     def load(

@@ -13,6 +13,7 @@ import peft
 import torch
 from transformers import PreTrainedModel
 
+from densekit.io.readme import CARD_FILE
 from densekit.models.loading import read_safetensors
 from densekit.models.modules.kind import ModuleError, ModuleKind, Positions
 from densekit.models.modules.layers import matching
@@ -58,8 +59,8 @@ class PeftKind(ModuleKind):
         return Tower(model, base, virtual_tokens=self.output_virtual_tokens(spec))
 
     def save(self, tower: Tower, folder: Path, base_source: str, spec: Any) -> None:
-        """Write `tower`'s module as peft does (`adapter_config.json`, `adapter_model.safetensors`), so
-        `PeftModel.from_pretrained(base, folder)` loads it too."""
+        """Write `tower`'s module as peft does (`adapter_config.json`, `adapter_model.safetensors`, but
+        not its card), so `PeftModel.from_pretrained(base, folder)` loads it too."""
         model = tower.model
         config = model.peft_config["default"]
         config.base_model_name_or_path = base_source
@@ -70,6 +71,9 @@ class PeftKind(ModuleKind):
                 setattr(config, key, value)
             # the embedding layers never change here; "auto" would look the base up on the hub to check
             model.save_pretrained(str(folder), safe_serialization=True, save_embedding_layers=False)
+            # peft's boilerplate card, which names the base by this machine's path: the module folder
+            # gets densekit's card instead
+            (folder / CARD_FILE).unlink(missing_ok=True)
         finally:
             for key, value in exact.items():
                 setattr(config, key, value)
