@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from densekit.cli.serve_command import server_config
 from densekit.serving import http_protocol
+from densekit.serving.http_server import server_config
 
 from .service_fixtures import free_port, running
 

@@ -25,10 +25,9 @@ from densekit.cli.options import (
 )
 
 if TYPE_CHECKING:
-    import uvicorn
-
     from densekit.models.encoder import DenseEncoder
     from densekit.retrieval.retriever import Retriever
+    from densekit.serving.connections import ConnectionLimits
 
 log = logging.getLogger("densekit")
 API_KEY_VARIABLE = "DENSEKIT_API_KEY"
@@ -40,8 +39,8 @@ _HOST_NAME = re.compile(r"\*|[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?")
 
 
 def read_api_key(api_key_file: Path | None) -> str | None:
-    """The token from `api_key_file` (its first line) or the DENSEKIT_API_KEY variable, or None; one of
-    other characters than printable ASCII is refused."""
+    """The token from `api_key_file` (its first line) or the DENSEKIT_API_KEY variable, or None where
+    neither is given; a blank one, or one of other characters than printable ASCII, is refused."""
     if api_key_file is not None:
         lines = api_key_file.read_text(encoding="utf-8").splitlines()
         key = lines[0].strip() if lines else ""
@@ -49,10 +48,14 @@ def read_api_key(api_key_file: Path | None) -> str | None:
             raise ValueError(f"{api_key_file}:1: empty: write the token on the first line")
         _check_token(key, f"{api_key_file}:1")
         return key
-    key = os.environ.get(API_KEY_VARIABLE, "").strip()
-    if key:
-        _check_token(key, API_KEY_VARIABLE)
-    return key or None
+    if API_KEY_VARIABLE not in os.environ:
+        return None
+    key = os.environ[API_KEY_VARIABLE].strip()
+    if not key:
+        raise ValueError(f"{API_KEY_VARIABLE} is set but blank: set it to the token, or unset it to serve "
+                         "without one (on a loopback address only)")  # fmt: skip
+    _check_token(key, API_KEY_VARIABLE)
+    return key
 
 
 def _check_token(key: str, where: str) -> None:
@@ -170,23 +173,11 @@ def _enable_faulthandler() -> None:
         faulthandler.enable(file=sys.__stderr__)  # sys.stderr may be a stream without a file descriptor
 
 
-def server_config(app: object, host: str, port: int) -> uvicorn.Config:
-    """uvicorn's settings for serving `app`: requests in flight get 30 s to finish at shutdown, and
-    HTTP is parsed by httptools with the request line and headers bounded at 16 KiB as h11 bounds them
-    (`BoundedHttpToolsProtocol`: uvicorn's own httptools protocol read 2 MB of headers and answered)."""
-    import uvicorn
-
-    from densekit.serving.http_protocol import BoundedHttpToolsProtocol
-
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
-                          http=BoundedHttpToolsProtocol)  # fmt: skip
-
-
-def _serve_on(app: object, sock: socket.socket, host: str, port: int) -> None:
+def _serve_on(app: object, sock: socket.socket, host: str, port: int, limits: ConnectionLimits) -> None:
     """Serve `app` on the bound socket until Ctrl-C or SIGTERM, letting requests in flight finish."""
-    import uvicorn
+    from densekit.serving.http_server import Server, server_config
 
-    server = uvicorn.Server(server_config(app, host, port))
+    server = Server(server_config(app, host, port, limits))
     server.run(sockets=[sock])
     if not server.started:
         raise RuntimeError(f"the service did not start on {host}:{port}: see the log above")
@@ -232,17 +223,29 @@ def serve(
     ] = "auto",
     max_batch: Annotated[int, typer.Option(min=1, help="Texts encoded together at most.")] = 64,
     max_wait_ms: Annotated[
-        float, typer.Option(min=0, help="How long a text waits for others to share its batch while the "
-                            "service is under concurrent load (a client alone does not wait).")
+        float,
+        typer.Option(
+            min=0,
+            help="How long a text waits for others to share its batch while the "
+            "service is under concurrent load (a client alone does not wait).",
+        ),
     ] = 5.0,
     encode_batch: Annotated[
-        int, typer.Option(min=1, help="Most texts run through the model at a time, sorted by length "
-                          "(fewer where the padding would cost more than another pass).")
+        int,
+        typer.Option(
+            min=1,
+            help="Most texts run through the model at a time, sorted by length "
+            "(fewer where the padding would cost more than another pass).",
+        ),
     ] = 32,
     encode_workers: Annotated[
-        int | None, typer.Option(min=1, help="Batches encoded at once, each on a thread of its own: one "
-                                 "encoded while the next is gathered (default: 2 on a CPU, 1 on a GPU or "
-                                 "with --backend onnx).")
+        int | None,
+        typer.Option(
+            min=1,
+            help="Batches encoded at once, each on a thread of its own: one "
+            "encoded while the next is gathered (default: 2 on a CPU, 1 on a GPU or "
+            "with --backend onnx).",
+        ),
     ] = None,
     max_k: Annotated[int, typer.Option(min=1, help="Most hits a query may ask for.")] = 1000,
     max_hits: Annotated[
@@ -256,6 +259,15 @@ def serve(
         int, typer.Option(min=1, help="Longest /v1/embeddings input (a passage, say), in characters.")
     ] = 100_000,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body.")] = 1_000_000,
+    max_text_chars: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Most characters of document titles and texts in one /search answer; "
+            "past it, lower-ranked hits come without them, counted in texts_left_out "
+            "(GET /documents/{id} gives one).",
+        ),
+    ] = 1_000_000,
     max_queued: Annotated[
         int, typer.Option(min=1, help="Texts that may wait to be encoded; past it, 429 with Retry-After.")
     ] = 1024,
@@ -263,6 +275,33 @@ def serve(
         float,
         typer.Option(min=0, help="Seconds a request may wait for its answer; past it, 503 (0: no limit)."),
     ] = 30.0,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds a request's line and headers may take to "
+            "arrive, from its first byte; past it, 408 and the connection closed.",
+        ),
+    ] = 10.0,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds a request's body may take to arrive, from "
+            "its headers; past it, 408 and the connection closed.",
+        ),
+    ] = 30.0,
+    idle_timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds a connection may stay open with no request under way.")
+    ] = 5.0,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Connections open at once (lowered to fit `ulimit -n`); past it, the "
+            "one waiting longest for a request is closed.",
+        ),
+    ] = 1000,
     served_model_name: Annotated[
         str | None,
         typer.Option(help="The name /v1/embeddings answers to (default: MODEL as given)."),
@@ -289,6 +328,10 @@ def serve(
     address, localhost, --host or an --allowed-host gets 403.
     Ctrl-C or SIGTERM finishes the requests in flight, then exits.
     """
+    for flag, seconds in (("--header-timeout", header_timeout), ("--body-timeout", body_timeout),
+                          ("--idle-timeout", idle_timeout)):  # fmt: skip
+        if seconds <= 0:
+            raise ValueError(f"{flag} {seconds:g}: give a number of seconds above 0")
     if max_queued < max_queries:
         raise ValueError(
             f"--max-queued {max_queued} is below --max-queries {max_queries}: a request of more texts than "
@@ -308,10 +351,15 @@ def serve(
     with claim_port(host, port) as sock:  # before torch and the model load: a port in use fails at once
         extra = check_before_loading(model, index_dir, corpus, module, module_index or [], backend, precision)
         from densekit.serving.app import Batching, Limits, create_app
+        from densekit.serving.connections import ConnectionLimits
 
         limits = Limits(max_query_chars=max_query_chars, max_input_chars=max_input_chars, max_k=max_k,
                         max_queries=max_queries, max_hits=max_hits, max_body_bytes=max_body_bytes,
-                        max_queued=max_queued, request_timeout_s=request_timeout or None)  # fmt: skip
+                        max_text_chars=max_text_chars, max_queued=max_queued,
+                        request_timeout_s=request_timeout or None)  # fmt: skip
+        connections = ConnectionLimits(header_timeout_s=header_timeout, body_timeout_s=body_timeout,
+                                       idle_timeout_s=idle_timeout,
+                                       max_connections=max_connections)  # fmt: skip
         retrievers = _retrievers(model, index_dir, corpus, module, extra, device, mmap_index)
         if backend == "onnx" and retrievers[0].route is not None:
             raise ValueError(f"--backend {backend} serves one model and its index: not a route")
@@ -323,7 +371,7 @@ def serve(
         _enable_faulthandler()
         log.info("serving %s over %s on http://%s:%d (token %s; %s at %s: %s)", model, index_dir, host, port,
                  "required" if api_key else "not required", backend, precision, reason)  # fmt: skip
-        _serve_on(app, sock, host, port)
+        _serve_on(app, sock, host, port, connections)
 
 
 def _retrievers(

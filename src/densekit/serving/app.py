@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hmac
 import ipaddress
 import os
 import re
@@ -18,8 +17,9 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from densekit.device import Precision
@@ -28,7 +28,16 @@ from densekit.retrieval.hit import Hit
 from densekit.retrieval.retriever import IndexChanged, Retriever
 from densekit.serving import api_docs, openai_api
 from densekit.serving.batcher import MicroBatcher, Overloaded, TimedOut, Unencodable, default_workers
-from densekit.serving.checks import bounded_problems, is_blank, shortened, shown, unencodable_at
+from densekit.serving.bearer import BearerToken, closing_if_body_unsent
+from densekit.serving.checked_route import CheckedRoute
+from densekit.serving.checks import (
+    bounded_problems,
+    is_blank,
+    only_a_number,
+    shortened,
+    shown,
+    unencodable_at,
+)
 from densekit.serving.direct_route import DirectRoute
 from densekit.serving.metrics import CONTENT_TYPE, MetricsMiddleware, ServiceMetrics
 from densekit.serving.openai_api import EmbeddingsRequest, EmbeddingsResponse
@@ -45,7 +54,9 @@ class Limits(BaseModel):
     answer (past it, 503 with Retry-After; None: no limit). `max_queries` holds for `/v1/embeddings`
     inputs too; their length limit is `max_input_chars`, long enough for passages (the model truncates
     them to its token limit; the limit only bounds the tokenizer's work). `max_hits` bounds queries
-    times k in one `/search` request, so a small request cannot ask for an answer of many megabytes."""
+    times k in one `/search` request, and `max_text_chars` the characters of document titles and texts in
+    its answer (past it, hits further down come without them, best ranks first: `_search_response`), so a
+    small request cannot ask for an answer of many megabytes."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -55,6 +66,7 @@ class Limits(BaseModel):
     max_queries: int = Field(64, ge=1)
     max_hits: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(1_000_000, ge=1)
+    max_text_chars: int = Field(1_000_000, ge=0)
     max_queued: int = Field(1024, ge=1)
     request_timeout_s: float | None = Field(30.0, gt=0)
 
@@ -88,8 +100,8 @@ class SearchRequest(BaseModel):
 
     @field_validator("k", mode="before")
     @classmethod
-    def _not_a_boolean(cls, value: object) -> object:
-        return openai_api.refuse_boolean(value)
+    def _a_number(cls, value: object) -> object:
+        return only_a_number(value)
 
 
 class HitOut(BaseModel):
@@ -103,11 +115,14 @@ class HitOut(BaseModel):
 
 class SearchResponse(BaseModel):
     """Hits per query, in the order the queries came, and the time the search took; where the document
-    store could not be read, hits without titles and texts, and why in `documents_unavailable`."""
+    store could not be read, hits without titles and texts, and why in `documents_unavailable`; the
+    hits that came without their title and text because the answer held the most characters of them
+    it may (the service's `max_text_chars`), counted in `texts_left_out` (`GET /documents/{id}` gives one)."""
 
     results: list[list[HitOut]]
     took_ms: float
     documents_unavailable: str | None = None
+    texts_left_out: int = 0
 
 
 class _BodyLimit:
@@ -122,7 +137,8 @@ class _BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, receive, send)
+            closing = closing_if_body_unsent(Headers(scope=scope))  # refused before the body was asked for
+            await _error_body(scope["path"], self.message, 413, closing or None)(scope, receive, send)
             return
         seen = 0
 
@@ -141,31 +157,38 @@ class _BodyLimit:
         """The error a request over the limit gets."""
         return f"request body over {self.limit} bytes"
 
-    async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
-        await _error_body(scope["path"], self.message, 413)(scope, receive, send)
 
-
-# A Host header's name (or bracketed IPv6 address) and port, as RFC 9110 allows it; anything else
-# (user info, a path, spaces) is no host of ours.
-_HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._~!$&'()*+,;=%-]+))(?::[0-9]{1,5})?")
+# A Host header's name (or bracketed IPv6 address) and port, as RFC 9110 allows it (its port, RFC 3986's,
+# may be empty: `localhost:` is `localhost`); anything else (user info, a path, spaces) is no host of ours.
+_HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._~!$&'()*+,;=%-]+))(?::[0-9]{0,5})?")
 
 
 class _HostCheck:
-    """ASGI middleware against DNS rebinding: a request whose `Host` header is not an IP address, not
-    `localhost` (or a name under .localhost) and not one of `allowed` gets 403. A web page can point a
-    name of its own at 127.0.0.1 and so reach a service on this machine, but its requests then carry
-    that name as Host. starlette's TrustedHostMiddleware answers 400 without a reason and would need
-    every address listed; a request without a Host header (HTTP/1.0) does not come from a browser and
-    passes."""
+    """ASGI middleware for the Host header: a request with more than one gets 400 (RFC 9112, 3.2: which
+    one a proxy or a check would read is anyone's guess); and against DNS rebinding, where `allowed` is
+    given, a request whose Host is not an IP address, not `localhost` (or a name under .localhost) and
+    not one of `allowed` gets 403. A web page can point a name of its own at 127.0.0.1 and so reach a
+    service on this machine, but its requests then carry that name as Host. starlette's
+    TrustedHostMiddleware answers 400 without a reason and would need every address listed; a request
+    without a Host header (HTTP/1.0) does not come from a browser and passes."""
 
-    def __init__(self, app: Any, allowed: Sequence[str]):
+    def __init__(self, app: Any, allowed: Sequence[str] | None):
         self.app = app
-        self.allowed = {name.lower().rstrip(".") for name in (*LOCAL_NAMES, *allowed)}
+        names = None if allowed is None else (*LOCAL_NAMES, *allowed)
+        self.allowed = None if names is None else {name.lower().rstrip(".") for name in names}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and ANY_HOST not in self.allowed:
-            given = dict(scope.get("headers") or []).get(b"host")
-            if given is not None and not self.allows(given.decode("latin-1")):
+        if scope["type"] == "http":
+            hosts = [value for name, value in scope.get("headers") or [] if name == b"host"]
+            if len(hosts) > 1:
+                message = f"{len(hosts)} Host headers: a request carries one"
+                await _error_body(scope["path"], message, 400)(scope, receive, send)
+                return
+            given = hosts[0] if hosts else None
+            if self.allowed is None or ANY_HOST in self.allowed or given is None:
+                await self.app(scope, receive, send)
+                return
+            if not self.allows(given.decode("latin-1")):
                 message = (f"Host {shown(given.decode('latin-1'))} is not an address of this service nor a "
                            "name it allows (a guard against DNS rebinding): start `densekit serve` with "
                            "--allowed-host NAME to allow a name")  # fmt: skip
@@ -200,7 +223,8 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     but `/health`, the page at `/`, the OpenAPI pages (which hold no data) and, with `open_metrics`,
     `/metrics` needs `Authorization: Bearer <api_key>`. Given `allowed_hosts` (names; "*" for any), a
     request whose Host header is neither an IP address, localhost nor one of them gets 403 (`serve`
-    always gives them; None: no check, for an app mounted in another server)."""
+    always gives them; None: no check, for an app mounted in another server); a request of two Host
+    headers gets 400 either way."""
     served = [retrievers] if isinstance(retrievers, Retriever) else list(retrievers)
     by_module = {r.module: r for r in served}
     if len(by_module) != len(served):
@@ -228,31 +252,15 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     app.state.batcher = batcher
     app.state.metrics = metrics
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
-    if allowed_hosts is not None:
-        app.add_middleware(_HostCheck, allowed=allowed_hosts)
+    app.add_middleware(_HostCheck, allowed=allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last: outermost, it sees every status
-    bearer = HTTPBearer(auto_error=False)
-
-    async def authorised(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        # async: a plain function would be run on FastAPI's thread pool, a thread hop per request
-        if api_key is None:
-            return
-        given = credentials.credentials if credentials is not None else ""
-        if not hmac.compare_digest(given.encode(), api_key.encode()):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-
-    bearer_header = None if api_key is None else f"Bearer {api_key}".encode()
-
-    def token_as_written(request: Request) -> bool:
-        """Whether `request` carries `Authorization: Bearer <api_key>` exactly so (or no token is asked):
-        what the direct routes admit; `authorised` decides on every other form."""
-        if bearer_header is None:
-            return True
-        given = request.headers.get("authorization")
-        return given is not None and hmac.compare_digest(given.encode("latin-1"), bearer_header)
-
+    token = BearerToken(api_key)
+    # the token checked before a body is read; HTTPBearer, which checks nothing here, describes it in the
+    # API's description
+    authorised = [Depends(HTTPBearer(auto_error=False))]
+    checked = functools.partial(CheckedRoute, check=token.check)
     # the two routes that answer under load: FastAPI's handling of the requests it would accept, skipped
-    direct = functools.partial(DirectRoute, admits=token_as_written)
+    direct = functools.partial(DirectRoute, admits=token.as_written, check=token.check)
 
     async def health() -> dict:
         """Whether the service is up (no token needed); HEAD too, as load balancers' probes ask."""
@@ -265,7 +273,6 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     def page() -> str:
         return SEARCH_PAGE
 
-    @app.get("/info", dependencies=[Depends(authorised)])
     def info() -> dict:
         """The model, the module and index that answer by default, the other modules served, the
         documents, the precision texts are encoded at and why, the embeddings API's model names, the
@@ -290,6 +297,9 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         }
 
+    app.router.add_api_route("/info", info, methods=["GET"], dependencies=authorised,
+                             route_class_override=checked)  # fmt: skip
+
     async def search(request: SearchRequest) -> SearchResponse:
         """Hits for one query or a list of them."""
         texts = [request.query] if isinstance(request.query, str) else request.query
@@ -306,9 +316,9 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         hits = await batcher.search(chosen, texts, k, request.domain)
         took = (time.perf_counter() - start) * 1000
         unavailable = chosen.documents.unavailable if chosen.documents is not None else None
-        return _search_response(hits, took, unavailable)
+        return _search_response(hits, took, unavailable, limits.max_text_chars)
 
-    app.router.add_api_route("/search", search, methods=["POST"], dependencies=[Depends(authorised)],
+    app.router.add_api_route("/search", search, methods=["POST"], dependencies=authorised,
                              response_model=SearchResponse, route_class_override=direct)  # fmt: skip
 
     async def embeddings(request: EmbeddingsRequest) -> EmbeddingsResponse:
@@ -332,17 +342,18 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
         return _FastJSON(body)  # the shape of EmbeddingsResponse, built as it is sent (`_search_response`)
 
     app.router.add_api_route("/v1/embeddings", embeddings, methods=["POST"],
-                             dependencies=[Depends(authorised)], response_model=EmbeddingsResponse,
+                             dependencies=authorised, response_model=EmbeddingsResponse,
                              route_class_override=direct)  # fmt: skip
 
-    @app.get("/v1/models", dependencies=[Depends(authorised)])
     def models() -> dict:
         """The model names `/v1/embeddings` answers to, in OpenAI's list shape."""
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "densekit"}
                 for name in openai_api.model_list(embedding_names)]  # fmt: skip
         return {"object": "list", "data": data}
 
-    @app.get("/documents/{doc_id:path}", dependencies=[Depends(authorised)], response_model=HitOut)
+    app.router.add_api_route("/v1/models", models, methods=["GET"], dependencies=authorised,
+                             route_class_override=checked)  # fmt: skip
+
     def document(doc_id: str) -> HitOut:
         """A document of the corpus by id (score 0); an id may hold `/` (escaped as %2F or not)."""
         if retriever.documents is None:
@@ -352,10 +363,16 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
             raise HTTPException(404, f"no document {shown(doc_id)}")
         return HitOut(id=found.id, score=0.0, title=found.title, text=found.text)
 
-    @app.get("/metrics", dependencies=[] if open_metrics else [Depends(authorised)], include_in_schema=False)
+    app.router.add_api_route("/documents/{doc_id:path}", document, methods=["GET"], dependencies=authorised,
+                             response_model=HitOut, route_class_override=checked)  # fmt: skip
+
     def prometheus() -> Response:
         """Every metric in Prometheus' text format."""
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+    app.router.add_api_route("/metrics", prometheus, methods=["GET"], include_in_schema=False,
+                             **({} if open_metrics else {"dependencies": authorised,
+                                                         "route_class_override": checked}))  # fmt: skip
 
     @app.exception_handler(_LimitError)
     async def over_limit(request: Request, err: _LimitError) -> JSONResponse:
@@ -400,12 +417,41 @@ def create_app(retrievers: Retriever | list[Retriever], api_key: str | None, lim
     return app
 
 
-def _search_response(hits: list[list[Hit]], took_ms: float, unavailable: str | None) -> JSONResponse:
+def _search_response(hits: list[list[Hit]], took_ms: float, unavailable: str | None,
+                     max_text_chars: int) -> JSONResponse:  # fmt: skip
     """`SearchResponse`'s JSON, built straight from the hits: a response model returned instead would be
-    validated again, hit by hit, before being written."""
+    validated again, hit by hit, before being written. Titles and texts of at most `max_text_chars`
+    characters in all go with it (`_texts_within`)."""
     results = [[{"id": h.id, "score": h.score, "title": h.title, "text": h.text} for h in row]
                for row in hits]  # fmt: skip
-    return _FastJSON({"results": results, "took_ms": took_ms, "documents_unavailable": unavailable})
+    left_out = _texts_within(results, max_text_chars)
+    return _FastJSON({"results": results, "took_ms": took_ms, "documents_unavailable": unavailable,
+                      "texts_left_out": left_out})  # fmt: skip
+
+
+def _texts_within(results: list[list[dict]], most: int) -> int:
+    """Leave out the title and text of hits in `results` (rows of hits as answered) until those left hold
+    at most `most` characters: the best ranks of every query keep theirs first (rank 1 of each query,
+    then rank 2, ...), and a hit whose title and text do not fit in what is left loses both, where a
+    shorter one further down may still fit. Returns how many hits lost theirs.
+
+    Counted in characters, which bound the bytes of the answer: a character is at most 4 bytes of UTF-8
+    (6 for a control character JSON escapes), and counting them costs nothing where bytes would mean
+    encoding every text once more."""
+    sizes = [[len(hit["title"] or "") + len(hit["text"] or "") for hit in row] for row in results]
+    if sum(map(sum, sizes)) <= most:
+        return 0
+    left, left_out = most, 0
+    for rank in range(max(map(len, results))):
+        for row, row_sizes in zip(results, sizes, strict=True):
+            if rank >= len(row) or row_sizes[rank] == 0:
+                continue
+            if row_sizes[rank] <= left:
+                left -= row_sizes[rank]
+            else:
+                row[rank]["title"] = row[rank]["text"] = None
+                left_out += 1
+    return left_out
 
 
 class _FastJSON(JSONResponse):

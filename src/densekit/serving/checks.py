@@ -42,6 +42,16 @@ def is_blank(text: str) -> bool:
                for c in text)  # fmt: skip
 
 
+def only_a_number(value: object) -> object:
+    """`value`, unless it is a JSON boolean or string, which pydantic would otherwise read as a number
+    (true as 1, "1_0" as 10): for a field of a request that takes a number."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a number")
+    if isinstance(value, str):
+        raise ValueError(f"{shown(value)} is text, not a number")
+    return value
+
+
 def unencodable_at(text: str) -> int | None:
     """The position of the first character of `text` that UTF-8 cannot encode (a lone surrogate, which a
     JSON escape such as \\ud800 can give), or None."""

@@ -12,20 +12,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope, Send
 
+from densekit.serving.checked_route import CheckedRoute
+
 JSON_MEDIA_TYPE = "application/json"
 
 
-class DirectRoute(APIRoute):
-    """An `APIRoute` whose endpoint takes one body model and nothing else, answered directly where
-    `admits(request)` (the checks its dependencies make, passed: e.g. the right bearer token), the body is
-    declared JSON and pydantic accepts it from its bytes: the endpoint is called with the model. Any
-    other request (no token, another content type, a body the model refuses, JSON the standard library
-    reads otherwise) goes FastAPI's way, dependencies and all, so every refusal is FastAPI's own."""
+class DirectRoute(CheckedRoute):
+    """A `CheckedRoute` whose endpoint takes one body model and nothing else, answered directly where
+    `admits(request)` (what `check` and its dependencies ask, passed: e.g. the bearer token as written),
+    the body is declared JSON and pydantic accepts it from its bytes: the endpoint is called with the
+    model. Any other request (no token, another content type, a body the model refuses, JSON the standard
+    library reads otherwise) goes FastAPI's way (`standard`), its `check` first, then dependencies and
+    all, so every refusal is FastAPI's own or the check's."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], *, admits: Callable[[Request], bool],
                  **kwargs: Any) -> None:  # fmt: skip

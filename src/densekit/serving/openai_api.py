@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from densekit.errors import DensekitError
 from densekit.retrieval.retriever import Retriever
-from densekit.serving.checks import shown
+from densekit.serving.checks import only_a_number, shown
 
 KINDS = ("query", "passage")  # the suffixes of a model name: `<model>:query`, `<model>:passage`
 DOMAIN_MARK = "@"  # `<model>:query@<domain>`: queries of that domain, for a fixed route
@@ -39,8 +39,8 @@ class EmbeddingsRequest(BaseModel):
 
     @field_validator("dimensions", mode="before")
     @classmethod
-    def _not_a_boolean(cls, value: object) -> object:
-        return refuse_boolean(value)
+    def _a_number(cls, value: object) -> object:
+        return only_a_number(value)
 
 
 class EmbeddingOut(BaseModel):
@@ -65,13 +65,6 @@ class EmbeddingsResponse(BaseModel):
     data: list[EmbeddingOut]
     model: str
     usage: Usage
-
-
-def refuse_boolean(value: object) -> object:
-    """`value`, unless it is a JSON boolean, which pydantic would otherwise take as the number 0 or 1."""
-    if isinstance(value, bool):
-        raise ValueError(f"{str(value).lower()} is not a number")
-    return value
 
 
 @dataclass(frozen=True)
