@@ -6,26 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from densekit.serving.rate_limited_log import RateLimitedLog
+from densekit.serving.settings import ConnectionLimits
 
 log = logging.getLogger("densekit")
-
-
-class ConnectionLimits(BaseModel):
-    """A request's line and headers must all arrive within `header_timeout_s` of its first byte, and its
-    body within `body_timeout_s` of its headers (past either, 408 and the connection closed); a
-    connection with no request under way is closed after `idle_timeout_s` without one. At most
-    `max_connections` are open: past it, the one that has waited longest for a request is closed to make
-    way (the new one is refused when every one has a request under way)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    header_timeout_s: float = Field(10.0, gt=0)
-    body_timeout_s: float = Field(30.0, gt=0)
-    idle_timeout_s: float = Field(5.0, gt=0)
-    max_connections: int = Field(1000, ge=1)
 
 
 class Guarded(Protocol):

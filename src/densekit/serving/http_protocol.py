@@ -14,25 +14,56 @@ these settings, so they are written here, over uvicorn's protocol class (an inte
 from __future__ import annotations
 
 import asyncio
+import inspect
 from http import HTTPStatus
 from typing import Any, Literal
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
 from densekit.serving.connections import ConnectionGuard
+from densekit.serving.settings import MAX_HEADER_BYTES
 
-# h11's default bound on the bytes of a request line and headers (or trailers) that have not all
-# arrived, which uvicorn's h11 protocol applies
-MAX_HEADER_BYTES = 16 * 1024
 REFUSAL = "Invalid HTTP request received."  # uvicorn's words for a request h11 refuses
 TOO_SLOW = "Request Timeout: the request did not arrive in time."
 TOO_MANY = "Service Unavailable: too many connections, each with a request under way."
-# what of uvicorn's httptools protocol this one overrides or reads: checked before it is used
-USED = ("__init__", "connection_made", "connection_lost", "data_received", "on_message_begin",
-        "on_headers_complete", "on_body", "on_message_complete", "on_response_complete",
-        "handle_websocket_upgrade", "shutdown")  # fmt: skip
+# What of uvicorn's httptools protocol (an internal class) this one overrides, calls or reads: checked
+# before it is used (`unexpected_internals`)
+METHODS = ("connection_made", "connection_lost", "data_received", "on_message_begin", "on_headers_complete",
+           "on_body", "on_message_complete", "on_response_complete", "handle_websocket_upgrade")  # fmt: skip
+ARGUMENTS = ("config", "server_state", "app_state", "_loop")
+ATTRIBUTES = ("loop", "transport", "flow", "cycle", "pipeline", "parser")
 
 Deadline = Literal["headers", "body", "idle"]
+
+
+def unexpected_internals() -> str | None:
+    """What of uvicorn's httptools protocol is not as `BoundedHttpToolsProtocol` uses it (a method, an
+    argument, an attribute of a connection's protocol), or None. The pyproject's bounds keep uvicorn and
+    httptools at versions where it is; this catches a version past them."""
+    missing = [name for name in METHODS if not callable(getattr(HttpToolsProtocol, name, None))]
+    arguments = inspect.signature(HttpToolsProtocol.__init__).parameters
+    missing += [f"argument {name}" for name in ARGUMENTS if name not in arguments]
+    if not missing:
+        loop = asyncio.new_event_loop()
+        try:  # one made as the server makes each, to see the attributes it sets
+            config = uvicorn.Config(_no_app, log_config=None)
+            protocol = HttpToolsProtocol(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+            missing += [f"attribute {name}" for name in ATTRIBUTES if not hasattr(protocol, name)]
+        except Exception as err:  # any failure to make one is the answer
+            missing.append(f"a protocol could not be made ({type(err).__name__}: {err})")
+        finally:
+            loop.close()
+    if not missing:
+        return None
+    return (
+        f"uvicorn {uvicorn.__version__}'s httptools protocol lacks what densekit's uses: {', '.join(missing)}"
+    )
+
+
+async def _no_app(scope: Any, receive: Any, send: Any) -> None:
+    """The application of the protocol `unexpected_internals` makes, which is never called."""
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):

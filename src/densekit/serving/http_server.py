@@ -1,17 +1,23 @@
 """How `densekit serve` runs uvicorn: its settings (`server_config`) and its server (`Server`), with the
-bounds on connections of `connections.ConnectionLimits`."""
+bounds on connections of `settings.ConnectionLimits`.
+
+HTTP is parsed by `http_protocol.BoundedHttpToolsProtocol`, which subclasses uvicorn's httptools
+protocol, an internal class: where that is not as expected (`http_protocol.unexpected_internals`,
+checked once a process), uvicorn's h11 protocol parses instead, with one log line saying so and what
+it keeps (`_h11_config`)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 
 import uvicorn
 
-from densekit.serving.connections import ConnectionGuard, ConnectionLimits
-from densekit.serving.http_protocol import BoundedHttpToolsProtocol
+from densekit.serving.connections import ConnectionGuard
 from densekit.serving.rate_limited_log import RateLimitedLog
+from densekit.serving.settings import MAX_HEADER_BYTES, ConnectionLimits
 
 log = logging.getLogger("densekit")
 # Open files the service keeps besides its connections (the listening socket, the event loop's, the
@@ -30,11 +36,47 @@ def server_config(
     is parsed by httptools with the bounds of `BoundedHttpToolsProtocol`: headers and trailers at 16 KiB
     as h11 bounds them (uvicorn's own httptools protocol read 2 MB of headers and answered), and the
     deadlines and connection cap of `limits` (`serve`'s defaults if None), the cap lowered to fit the
-    process's open-file limit."""
+    process's open-file limit; by h11 where uvicorn's httptools protocol is not as expected."""
     limits = _within_open_files(limits or ConnectionLimits())
+    if _bounded_protocol_unusable():
+        return _h11_config(app, host, port, limits)
+    from densekit.serving.http_protocol import BoundedHttpToolsProtocol
+
     protocol = BoundedHttpToolsProtocol.for_guard(ConnectionGuard(limits))
     return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
                           http=protocol, timeout_keep_alive=limits.idle_timeout_s)  # fmt: skip
+
+
+def _h11_config(app: object, host: str, port: int, limits: ConnectionLimits) -> uvicorn.Config:
+    """uvicorn's h11 protocol with what its public settings keep of `limits`: h11 bounds a request's
+    unfinished headers and trailers at 16 KiB (400) and answers pipelined requests; a connection is
+    closed after `idle_timeout_s` without a request once it has had an answer (not before its first);
+    past `max_connections` open (or requests under way), a request gets 503, its connection kept open.
+    Lost: the deadlines for a request's headers and body, and the closing of the connection waiting
+    longest past the cap."""
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
+                          http="h11", h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                          timeout_keep_alive=limits.idle_timeout_s,
+                          limit_concurrency=limits.max_connections)  # fmt: skip
+
+
+@functools.cache
+def _bounded_protocol_unusable() -> bool:
+    """Whether uvicorn's httptools protocol is not as `BoundedHttpToolsProtocol` expects: checked once a
+    process, and said once in the log with what h11 keeps and loses."""
+    try:
+        from densekit.serving.http_protocol import unexpected_internals
+
+        problem = unexpected_internals()
+    except ImportError as err:  # what it subclasses moved
+        problem = f"uvicorn {uvicorn.__version__}'s httptools protocol cannot be imported ({err})"
+    if problem is None:
+        return False
+    log.warning("%s: HTTP is parsed by uvicorn's h11 protocol instead, which bounds headers at 16 KiB and "
+                "closes idle connections, but has no deadline for a request's headers or body and answers "
+                "503 past --max-connections rather than closing the connection waiting longest; install "
+                "the versions pyproject.toml allows", problem)  # fmt: skip
+    return True
 
 
 class Server(uvicorn.Server):
