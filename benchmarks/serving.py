@@ -383,7 +383,7 @@ STAGES = [
     ("index search", ["search_run (densekit/index", "faiss", "search (densekit/index"]),
     ("document lookup", ["get_many (densekit/retrieval/documents.py", "sqlite3"]),
     ("response building", ["serialize_response", "SearchResponse", "HitOut", "embeddings_response",
-                           "embeddings_body", "_search_response", "jsonable_encoder", "render (starlette",
+                           "embeddings_body", "search_response", "jsonable_encoder", "render (starlette",
                            "hits (densekit/retrieval/retriever.py"]),
     ("queueing and thread hops", ["to_thread", "run_in_executor", "concurrent/futures", "asyncio/queues.py",
                                   "densekit/serving/batcher", "wait_for (asyncio", "threading.py", "anyio/"]),

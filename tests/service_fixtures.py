@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,12 +19,14 @@ import httpx
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from densekit.cli.serve_command import server_config
 from densekit.retrieval.retriever import Retriever
 from densekit.serving.app import Limits, create_app
+from densekit.serving.http_server import Server, server_config
 
 if TYPE_CHECKING:
     import uvicorn
+
+    from densekit.serving.connections import ConnectionLimits
 
 TOKEN = "s3cret-token"
 
@@ -44,9 +46,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_process(served, tmp_path: Path, *extra: str, token: bool = True) -> tuple[subprocess.Popen, str]:
+def serve_process(served, tmp_path: Path, *extra: str, token: bool = True,
+                  preexec_fn: Callable[[], None] | None = None) -> tuple[subprocess.Popen, str]:  # fmt: skip
     """`densekit serve` over the `served` collection with the test token (unless not `token`) and `extra`
-    options, in its own process, once /health answers; returns the process and the service's URL."""
+    options, in its own process (`preexec_fn` run in it before it starts), once /health answers; returns
+    the process and the service's URL."""
     data, index, model = served
     (tmp_path / "key").write_text(TOKEN + "\n")
     port = free_port()
@@ -55,7 +59,7 @@ def serve_process(served, tmp_path: Path, *extra: str, token: bool = True) -> tu
                "--port", str(port), *key, "--device", "cpu", *extra]  # fmt: skip
     environment = {name: value for name, value in os.environ.items() if name != "DENSEKIT_API_KEY"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=environment)  # fmt: skip
+                               env=environment, preexec_fn=preexec_fn)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -92,20 +96,20 @@ def odd_ids_collection(root: Path, model: Path) -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def in_thread(app: FastAPI) -> Iterator[str]:
+def in_thread(app: FastAPI, limits: ConnectionLimits | None = None) -> Iterator[str]:
     """`app` served by uvicorn from a thread of this process on a free port, for what only a real
-    server shows (its HTTP parser, raw paths, connections): its URL."""
+    server shows (its HTTP parser, raw paths, connections), with the connection `limits` given (or
+    `serve`'s): its URL."""
     port = free_port()
-    with running(server_config(app, "127.0.0.1", port)):  # as `densekit serve` runs it
+    with running(server_config(app, "127.0.0.1", port, limits)):  # as `densekit serve` runs it
         yield f"http://127.0.0.1:{port}"
 
 
 @contextlib.contextmanager
 def running(config: uvicorn.Config) -> Iterator[None]:
-    """A uvicorn server with `config`, run from a thread of this process until the block ends."""
-    import uvicorn
-
-    server = uvicorn.Server(config)
+    """A uvicorn server with `config`, run from a thread of this process as `serve` runs it, until the
+    block ends."""
+    server = Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     for _ in range(300):

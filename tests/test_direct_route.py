@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import pytest
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from densekit.retrieval.retriever import Retriever
+from densekit.serving import direct_route
 from densekit.serving.app import create_app
 from densekit.serving.direct_route import DirectRoute
 
@@ -144,3 +147,25 @@ def test_a_body_cut_short_gets_what_fastapi_answers(retriever: Retriever):
     expected = _sent_for_cut_body(fastapi_app)
     assert expected == [400]
     assert _sent_for_cut_body(create_app(retriever, TOKEN)) == expected
+
+
+def test_where_fastapis_routes_are_not_as_read_the_direct_routes_answer_fastapis_way(
+    retriever: Retriever, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    model = retriever.encoder.source
+    expected = _answers(create_app(retriever, TOKEN), model)
+    made = APIRoute.__init__
+
+    def without_body_field(self: APIRoute, *args, **kwargs) -> None:  # a FastAPI that no longer keeps it
+        made(self, *args, **kwargs)
+        del self.body_field
+
+    monkeypatch.setattr(APIRoute, "__init__", without_body_field)
+    monkeypatch.setattr(direct_route, "_fallback_said", False)
+    with caplog.at_level(logging.WARNING, logger="densekit"):
+        apps = [create_app(retriever, TOKEN), create_app(retriever, TOKEN)]
+    said = [record.getMessage() for record in caplog.records if "direct routes" in record.getMessage()]
+    assert len(said) == 1 and "body_field" in said[0], said  # once, for both routes of both apps
+    routes = _direct_routes(apps[0])
+    assert len(routes) == 2 and all(route.app is route.standard for route in routes)
+    assert _answers(apps[0], model) == expected

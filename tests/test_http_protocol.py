@@ -5,17 +5,21 @@ server over a socket; without the bound, httptools answers the floods that h11 r
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import socket
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from densekit.cli.serve_command import server_config
-from densekit.serving import http_protocol
+from densekit.serving import http_protocol, http_server
+from densekit.serving.app import create_app
+from densekit.serving.http_server import server_config
 
-from .service_fixtures import free_port, running
+from .service_fixtures import AUTH, TOKEN, free_port, in_thread, running
 
 
 async def body_length(scope: dict, receive, send) -> None:
@@ -109,3 +113,33 @@ def test_without_the_bound_httptools_answers_a_flood(monkeypatch):
     monkeypatch.setattr(http_protocol, "MAX_HEADER_BYTES", 1 << 30)
     with serving("ours") as port:
         assert exchange(port, EXCHANGES["2 MB of headers"]) == ["200 0"]
+
+
+@pytest.fixture
+def changed_uvicorn(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """uvicorn's httptools protocol without a method densekit's overrides, as a later uvicorn might have
+    it: the check of its internals made afresh, and again after."""
+    monkeypatch.delattr(HttpToolsProtocol, "on_response_complete")
+    http_server._bounded_protocol_unusable.cache_clear()
+    yield
+    http_server._bounded_protocol_unusable.cache_clear()
+
+
+def test_where_uvicorns_protocol_is_not_as_read_h11_parses_and_the_log_says_so_once(
+    changed_uvicorn: None, h11_answers: dict[str, list[str]], retriever, caplog: pytest.LogCaptureFixture
+):
+    with caplog.at_level(logging.WARNING, logger="densekit"):
+        configs = [server_config(body_length, "127.0.0.1", free_port()) for _ in range(2)]
+    said = [record.getMessage() for record in caplog.records if "h11" in record.getMessage()]
+    assert len(said) == 1 and "on_response_complete" in said[0], said
+    assert [config.http for config in configs] == ["h11", "h11"]
+    assert configs[0].h11_max_incomplete_event_size == http_protocol.MAX_HEADER_BYTES
+    with running(configs[0]):
+        answers = {name: exchange(configs[0].port, request) for name, request in EXCHANGES.items()}
+    assert answers == h11_answers  # floods of headers refused as h11 refuses them
+    with in_thread(create_app(retriever, TOKEN)) as url:  # the service, as `serve` runs it now
+        found = httpx.post(f"{url}/search", json={"query": "cats", "k": 3}, headers=AUTH, timeout=30)
+    assert found.status_code == 200
+    assert [hit["id"] for hit in found.json()["results"][0]] == [
+        hit.id for hit in retriever.search("cats", k=3)[0]
+    ]

@@ -35,6 +35,10 @@ class ServiceError(DensekitError, RuntimeError):
         self.status, self.detail = status, detail
 
 
+class ClientSettingError(DensekitError, ValueError):
+    """A setting of `Client` it cannot work with, refused when the client is made."""
+
+
 class _HitIn(BaseModel):
     """One hit as the service sends it."""
 
@@ -64,9 +68,12 @@ class Client:
     `Retry-After` (at most `max_wait` seconds); any other refusal, an answer that is not the service's
     (not JSON, or not of the shape asked for), a redirect, a timeout (`timeout` seconds) or a service that
     cannot be reached raises `ServiceError` at once; so does a `url` that is not an http(s) URL with a host,
-    when the client is made (status 0). A token an HTTP header cannot carry (a line break, a control
-    character, non-ASCII text) is a `ValueError`. `http` replaces the HTTP client (an `httpx.Client`, such as
-    FastAPI's TestClient); the token goes only to `url`'s host."""
+    or holds a user name or password (which httpx would send in place of the token), when the client is
+    made (status 0). A token an HTTP header cannot carry (a line break, a control character, non-ASCII
+    text), a `timeout` that is not a number of seconds above 0, a `max_wait` below 0 and `retries` that
+    are not a whole number from 0 are a `ClientSettingError` (a `ValueError`) when the client is made.
+    `http` replaces the HTTP client (an `httpx.Client`, such as FastAPI's TestClient); the token goes only
+    to `url`'s host."""
 
     def __init__(
         self,
@@ -77,11 +84,10 @@ class Client:
         max_wait: float = 30.0,
         http: httpx.Client | None = None,
     ):
-        if retries < 0:
-            raise ValueError(f"retries {retries} must be >= 0")
+        _check_settings(timeout, retries, max_wait)
         if token and not _TOKEN.fullmatch(token):
-            raise ValueError("token: holds a line break, a control character or non-ASCII text, which an "
-                             "HTTP header cannot carry: give the token alone")  # fmt: skip
+            raise ClientSettingError("token: holds a line break, a control character or non-ASCII text, "
+                                     "which an HTTP header cannot carry: give the token alone")  # fmt: skip
         self.url = _service_url(url)
         self.retries, self.max_wait = retries, max_wait
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -194,6 +200,21 @@ class Client:
             raise ServiceError(200, reason, f"{self.url}{path}") from None
 
 
+def _check_settings(timeout: object, retries: object, max_wait: object) -> None:
+    """Refuse settings the client cannot work with: httpx took a timeout of 0 as one passed at once (a
+    service "that cannot be reached") and raised its own ValueError for -1 or NaN at the first request."""
+
+    def number(value: object) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not (number(timeout) and timeout > 0):  # type: ignore[operator]
+        raise ClientSettingError(f"timeout={timeout!r}: give a number of seconds above 0")
+    if not (number(max_wait) and max_wait >= 0):  # type: ignore[operator]
+        raise ClientSettingError(f"max_wait={max_wait!r}: give a number of seconds, 0 or more")
+    if not (isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0):
+        raise ClientSettingError(f"retries={retries!r}: give a whole number, 0 or more")
+
+
 def _service_url(url: str) -> str:
     """`url` without a trailing slash, once it is an http(s) URL with a host and no query or fragment."""
     try:
@@ -202,6 +223,10 @@ def _service_url(url: str) -> str:
         raise ServiceError(0, f"not a URL: {err}", str(url)) from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ServiceError(0, "not an http(s) URL with a host: give e.g. http://127.0.0.1:8000", url)
+    if parsed.userinfo:  # httpx would send them as Basic authorisation, in place of the bearer token
+        shown = str(parsed.copy_with(userinfo=b""))  # the password left out of the message
+        raise ServiceError(0, "the URL holds a user name or password, which would be sent in place of the "
+                           "token: give the URL without them, and the token as `token`", shown)  # fmt: skip
     if parsed.port is not None and not 0 < parsed.port < 65536:
         raise ServiceError(0, f"port {parsed.port}: a port is 1 to 65535", url)
     if parsed.query or parsed.fragment:

@@ -14,24 +14,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from densekit.cli.options import (
-    BackendOpt,
-    DeviceOpt,
-    MmapIndexOpt,
-    ModelArg,
-    ModuleOpt,
-    check_index_folder,
-    check_model_name,
-)
+from densekit.cli.options import ModelArg, check_index_folder, check_model_name
+from densekit.cli.serve_options import API_KEY_VARIABLE, Access, Served, with_serve_options
+from densekit.serving.settings import Batching, ConnectionLimits, Limits
 
 if TYPE_CHECKING:
-    import uvicorn
-
     from densekit.models.encoder import DenseEncoder
     from densekit.retrieval.retriever import Retriever
 
 log = logging.getLogger("densekit")
-API_KEY_VARIABLE = "DENSEKIT_API_KEY"
 # What a token may hold: printable ASCII. An HTTP header carries bytes that servers read as Latin-1, so a
 # token of other characters could never match the one sent (and clients cannot send it).
 _TOKEN = re.compile(r"[\x20-\x7e]+")
@@ -40,8 +31,8 @@ _HOST_NAME = re.compile(r"\*|[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?")
 
 
 def read_api_key(api_key_file: Path | None) -> str | None:
-    """The token from `api_key_file` (its first line) or the DENSEKIT_API_KEY variable, or None; one of
-    other characters than printable ASCII is refused."""
+    """The token from `api_key_file` (its first line) or the DENSEKIT_API_KEY variable, or None where
+    neither is given; a blank one, or one of other characters than printable ASCII, is refused."""
     if api_key_file is not None:
         lines = api_key_file.read_text(encoding="utf-8").splitlines()
         key = lines[0].strip() if lines else ""
@@ -49,10 +40,14 @@ def read_api_key(api_key_file: Path | None) -> str | None:
             raise ValueError(f"{api_key_file}:1: empty: write the token on the first line")
         _check_token(key, f"{api_key_file}:1")
         return key
-    key = os.environ.get(API_KEY_VARIABLE, "").strip()
-    if key:
-        _check_token(key, API_KEY_VARIABLE)
-    return key or None
+    if API_KEY_VARIABLE not in os.environ:
+        return None
+    key = os.environ[API_KEY_VARIABLE].strip()
+    if not key:
+        raise ValueError(f"{API_KEY_VARIABLE} is set but blank: set it to the token, or unset it to serve "
+                         "without one (on a loopback address only)")  # fmt: skip
+    _check_token(key, API_KEY_VARIABLE)
+    return key
 
 
 def _check_token(key: str, where: str) -> None:
@@ -170,114 +165,25 @@ def _enable_faulthandler() -> None:
         faulthandler.enable(file=sys.__stderr__)  # sys.stderr may be a stream without a file descriptor
 
 
-def server_config(app: object, host: str, port: int) -> uvicorn.Config:
-    """uvicorn's settings for serving `app`: requests in flight get 30 s to finish at shutdown, and
-    HTTP is parsed by httptools with the request line and headers bounded at 16 KiB as h11 bounds them
-    (`BoundedHttpToolsProtocol`: uvicorn's own httptools protocol read 2 MB of headers and answered)."""
-    import uvicorn
-
-    from densekit.serving.http_protocol import BoundedHttpToolsProtocol
-
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
-                          http=BoundedHttpToolsProtocol)  # fmt: skip
-
-
-def _serve_on(app: object, sock: socket.socket, host: str, port: int) -> None:
+def _serve_on(app: object, sock: socket.socket, host: str, port: int, limits: ConnectionLimits) -> None:
     """Serve `app` on the bound socket until Ctrl-C or SIGTERM, letting requests in flight finish."""
-    import uvicorn
+    from densekit.serving.http_server import Server, server_config
 
-    server = uvicorn.Server(server_config(app, host, port))
+    server = Server(server_config(app, host, port, limits))
     server.run(sockets=[sock])
     if not server.started:
         raise RuntimeError(f"the service did not start on {host}:{port}: see the log above")
 
 
+@with_serve_options
 def serve(
     model: ModelArg,
     index_dir: Annotated[Path, typer.Argument(help="A folder written by `densekit index`.")],
-    corpus: Annotated[
-        Path | None,
-        typer.Option(
-            "--corpus", help="The collection the index was built from: hits then carry their texts."
-        ),
-    ] = None,
-    host: Annotated[str, typer.Option(help="The address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="The port to listen on.")] = 8000,
-    api_key_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--api-key-file", help=f"A file whose first line is the bearer token (or set {API_KEY_VARIABLE})."
-        ),
-    ] = None,
-    module: ModuleOpt = None,
-    module_index: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--module-index",
-            help="Serve another module of MODEL too, as MODULE_DIR=INDEX_DIR (its own index); repeatable. "
-            "Requests choose it by the module's name.",
-        ),
-    ] = None,
-    device: DeviceOpt = "auto",
-    mmap_index: MmapIndexOpt = False,
-    backend: BackendOpt = "torch",
-    precision: Annotated[
-        str,
-        typer.Option(
-            "--precision",
-            help="auto: the fastest measured to keep quality here (bf16 on a GPU with it or a CPU with "
-            "AVX512-BF16 or AMX, else float32; float32 with --backend onnx); or float32, bf16, fp16 (GPU), "
-            "int8 (--backend onnx).",
-        ),
-    ] = "auto",
-    max_batch: Annotated[int, typer.Option(min=1, help="Texts encoded together at most.")] = 64,
-    max_wait_ms: Annotated[
-        float, typer.Option(min=0, help="How long a text waits for others to share its batch while the "
-                            "service is under concurrent load (a client alone does not wait).")
-    ] = 5.0,
-    encode_batch: Annotated[
-        int, typer.Option(min=1, help="Most texts run through the model at a time, sorted by length "
-                          "(fewer where the padding would cost more than another pass).")
-    ] = 32,
-    encode_workers: Annotated[
-        int | None, typer.Option(min=1, help="Batches encoded at once, each on a thread of its own: one "
-                                 "encoded while the next is gathered (default: 2 on a CPU, 1 on a GPU or "
-                                 "with --backend onnx).")
-    ] = None,
-    max_k: Annotated[int, typer.Option(min=1, help="Most hits a query may ask for.")] = 1000,
-    max_hits: Annotated[
-        int, typer.Option(min=1, help="Most hits one /search request may ask for: its queries times k.")
-    ] = 10_000,
-    max_queries: Annotated[
-        int, typer.Option(min=1, help="Most queries (or /v1/embeddings inputs) in one request.")
-    ] = 64,
-    max_query_chars: Annotated[int, typer.Option(min=1, help="Longest /search query, in characters.")] = 2000,
-    max_input_chars: Annotated[
-        int, typer.Option(min=1, help="Longest /v1/embeddings input (a passage, say), in characters.")
-    ] = 100_000,
-    max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body.")] = 1_000_000,
-    max_queued: Annotated[
-        int, typer.Option(min=1, help="Texts that may wait to be encoded; past it, 429 with Retry-After.")
-    ] = 1024,
-    request_timeout: Annotated[
-        float,
-        typer.Option(min=0, help="Seconds a request may wait for its answer; past it, 503 (0: no limit)."),
-    ] = 30.0,
-    served_model_name: Annotated[
-        str | None,
-        typer.Option(help="The name /v1/embeddings answers to (default: MODEL as given)."),
-    ] = None,
-    open_metrics: Annotated[
-        bool, typer.Option("--open-metrics", help="Serve /metrics without the token (for a scraper).")
-    ] = False,
-    allowed_host: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--allowed-host",
-            help="A name requests may give as Host besides localhost, IP addresses and --host (a reverse "
-            "proxy's, say); repeatable; * allows any. Other names get 403 (against DNS rebinding).",
-        ),
-    ] = None,
+    served: Served,
+    access: Access,
+    batching: Batching,
+    limits: Limits,
+    connections: ConnectionLimits,
 ) -> None:
     """Serve MODEL and INDEX_DIR over HTTP: POST /search, OpenAI's POST /v1/embeddings and GET /v1/models,
     GET /documents/{id}, /info, /metrics (Prometheus), /health, a search page at / and the API's docs at
@@ -289,41 +195,34 @@ def serve(
     address, localhost, --host or an --allowed-host gets 403.
     Ctrl-C or SIGTERM finishes the requests in flight, then exits.
     """
-    if max_queued < max_queries:
-        raise ValueError(
-            f"--max-queued {max_queued} is below --max-queries {max_queries}: a request of more texts than "
-            "the queue holds would be refused as busy however long it waited"
-        )
-    api_key = read_api_key(api_key_file)
+    host, port, backend = access.host, access.port, served.backend
+    api_key = read_api_key(access.api_key_file)
     if api_key is None and not _is_loopback(host):
         raise ValueError(
             f"--host {host} is reachable from other machines: give a token with --api-key-file or "
             f"{API_KEY_VARIABLE}"
         )
-    hosts = allowed_hosts(host, allowed_host or [])
-    if backend == "onnx" and module_index:
+    hosts = allowed_hosts(host, access.allowed_host)
+    if backend == "onnx" and served.module_index:
         raise ValueError(f"--backend {backend} serves one model and its index: not a route or --module-index")
     # before torch loads: its idle OpenMP threads sleep rather than spin beside the event loop
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (docs/performance.md, "Serving")
     with claim_port(host, port) as sock:  # before torch and the model load: a port in use fails at once
-        extra = check_before_loading(model, index_dir, corpus, module, module_index or [], backend, precision)
-        from densekit.serving.app import Batching, Limits, create_app
+        extra = check_before_loading(model, index_dir, served.corpus, served.module, served.module_index,
+                                     backend, served.precision)  # fmt: skip
+        from densekit.serving.app import create_app
 
-        limits = Limits(max_query_chars=max_query_chars, max_input_chars=max_input_chars, max_k=max_k,
-                        max_queries=max_queries, max_hits=max_hits, max_body_bytes=max_body_bytes,
-                        max_queued=max_queued, request_timeout_s=request_timeout or None)  # fmt: skip
-        retrievers = _retrievers(model, index_dir, corpus, module, extra, device, mmap_index)
+        retrievers = _retrievers(model, index_dir, served.corpus, served.module, extra, served.device,
+                                 served.mmap_index)  # fmt: skip
         if backend == "onnx" and retrievers[0].route is not None:
             raise ValueError(f"--backend {backend} serves one model and its index: not a route")
-        query_precision, precision, reason = _precision(retrievers[0].encoder, backend, precision)
-        batching = Batching(max_batch=max_batch, max_wait_ms=max_wait_ms, encode_batch=encode_batch,
-                            workers=encode_workers)  # fmt: skip
+        query_precision, precision, reason = _precision(retrievers[0].encoder, backend, served.precision)
         app = create_app(retrievers, api_key, limits, batching, query_precision,
-                         served_model_name or model, open_metrics, reason, hosts)  # fmt: skip
+                         served.served_model_name or model, access.open_metrics, reason, hosts)  # fmt: skip
         _enable_faulthandler()
         log.info("serving %s over %s on http://%s:%d (token %s; %s at %s: %s)", model, index_dir, host, port,
                  "required" if api_key else "not required", backend, precision, reason)  # fmt: skip
-        _serve_on(app, sock, host, port)
+        _serve_on(app, sock, host, port, connections)
 
 
 def _retrievers(

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from densekit.errors import DensekitError
+
+if TYPE_CHECKING:
+    from densekit.retrieval.retriever import Retriever
+    from densekit.serving.settings import Limits
 
 MAX_SHOWN = 100  # characters of a client's value repeated in an error
 MAX_PROBLEMS = 20  # validation problems listed in one error answer; the rest are counted
@@ -18,6 +24,59 @@ _INVISIBLE_CATEGORIES = ("C", "Z", "M")
 # Letters and symbols that render blank (Hangul fillers, the blank Braille pattern): in categories Lo and
 # So, but used to make text that looks empty.
 _BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+class LimitError(DensekitError, ValueError):
+    """A request that asks past a limit of the service, or for what it does not serve (422)."""
+
+
+def check_k(k: int, limits: Limits) -> None:
+    """`k` within 1 and `max_k`."""
+    if not 1 <= k <= limits.max_k:
+        raise LimitError(f"k={shown(k)}: ask for 1 to {limits.max_k} hits")
+
+
+def check_hits(queries: int, k: int, limits: Limits) -> None:
+    """Queries times k within `max_hits`."""
+    if queries * k > limits.max_hits:
+        raise LimitError(
+            f"{queries} queries x k={k} = {queries * k} hits: ask for at most {limits.max_hits} in one "
+            "request (fewer queries, or a smaller k)"
+        )
+
+
+def check_texts(texts: list[str], most: int, longest: int, what: str, many: str) -> None:
+    """`texts` (a request's queries or inputs: `what`, `many` of them) within the limits: at most `most`
+    of them, none longer than `longest` characters, none empty."""
+    if not 1 <= len(texts) <= most:
+        raise LimitError(f"{len(texts)} {many}: send 1 to {most} in one request")
+    for number, text in enumerate(texts):
+        if len(text) > longest:
+            raise LimitError(f"{what} {number}: {len(text)} characters, over the limit of {longest}")
+        where = unencodable_at(text)
+        if where is not None:
+            raise LimitError(f"{what} {number}: not valid Unicode text (a lone surrogate, "
+                             f"U+{ord(text[where]):04X}, at character {where})")  # fmt: skip
+        if is_blank(text):
+            raise LimitError(f"{what} {number} is empty (only spaces, controls or invisible characters)")
+
+
+def check_domain(retriever: Retriever, domain: str | None) -> None:
+    """A domain goes with a fixed route, which needs one it knows (or a fallback)."""
+    route = retriever.route
+    if route is None or not route.strategy.takes_domains:
+        if domain is not None:
+            raise LimitError("domain: the service routes no queries by domain (it serves no fixed route)")
+        return
+    if domain in route.spec.domains or route.spec.fallback is not None:
+        return
+    known = ", ".join(repr(d) for d in route.spec.domains)
+    how = ('send one as "domain" with the queries (/search), or ask /v1/embeddings for a model '
+           "NAME:query@DOMAIN (GET /v1/models lists them)")  # fmt: skip
+    if domain is None:
+        raise LimitError(f"this service routes queries by their domain, and these came without one: {how}; "
+                         f"domains: {known}")  # fmt: skip
+    raise LimitError(f"domain {shown(domain)} is not routed here (domains: {known})")
 
 
 def shown(value: object) -> str:
@@ -40,6 +99,16 @@ def is_blank(text: str) -> bool:
     _INVISIBLE_CATEGORIES (Cc, Cf, Cs, Co, Cn, Zs, Zl, Zp, Mn, Mc, Me), or a blank letter (_BLANK_LETTERS)."""
     return all(c.isspace() or c in _BLANK_LETTERS or unicodedata.category(c)[0] in _INVISIBLE_CATEGORIES
                for c in text)  # fmt: skip
+
+
+def only_a_number(value: object) -> object:
+    """`value`, unless it is a JSON boolean or string, which pydantic would otherwise read as a number
+    (true as 1, "1_0" as 10): for a field of a request that takes a number."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a number")
+    if isinstance(value, str):
+        raise ValueError(f"{shown(value)} is text, not a number")
+    return value
 
 
 def unencodable_at(text: str) -> int | None:

@@ -13,11 +13,10 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from densekit.errors import DensekitError
 from densekit.retrieval.retriever import Retriever
-from densekit.serving.checks import shown
+from densekit.serving.checks import LimitError, only_a_number, shown
 
 KINDS = ("query", "passage")  # the suffixes of a model name: `<model>:query`, `<model>:passage`
 DOMAIN_MARK = "@"  # `<model>:query@<domain>`: queries of that domain, for a fixed route
-DEFAULT_KIND = "passage"
 TOKEN_IDS_REFUSED = (
     "input: token ids are not accepted, send texts (LangChain: OpenAIEmbeddings(..., "
     "check_embedding_ctx_length=False))"
@@ -39,8 +38,8 @@ class EmbeddingsRequest(BaseModel):
 
     @field_validator("dimensions", mode="before")
     @classmethod
-    def _not_a_boolean(cls, value: object) -> object:
-        return refuse_boolean(value)
+    def _a_number(cls, value: object) -> object:
+        return only_a_number(value)
 
 
 class EmbeddingOut(BaseModel):
@@ -65,13 +64,6 @@ class EmbeddingsResponse(BaseModel):
     data: list[EmbeddingOut]
     model: str
     usage: Usage
-
-
-def refuse_boolean(value: object) -> object:
-    """`value`, unless it is a JSON boolean, which pydantic would otherwise take as the number 0 or 1."""
-    if isinstance(value, bool):
-        raise ValueError(f"{str(value).lower()} is not a number")
-    return value
 
 
 @dataclass(frozen=True)
@@ -131,11 +123,11 @@ def model_list(names: dict[str, ServedName]) -> list[str]:
 
 
 def request_texts(request: EmbeddingsRequest) -> list[str]:
-    """The request's inputs as a list of texts; token ids are refused."""
+    """The request's inputs as a list of texts; token ids are refused (`LimitError`)."""
     if isinstance(request.input, str):
         return [request.input]
     if any(not isinstance(item, str) for item in request.input):
-        raise ValueError(TOKEN_IDS_REFUSED)
+        raise LimitError(TOKEN_IDS_REFUSED)
     return list(request.input)  # type: ignore[arg-type]
 
 
