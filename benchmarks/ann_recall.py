@@ -151,7 +151,8 @@ def sweep(index: Any, queries: np.ndarray, exact: np.ndarray) -> list[dict]:
 
 def sample_effect(store: Any, folder: Path, queries: np.ndarray, exact: np.ndarray, nprobe: int) -> dict:
     """IVF-PQ trained on `OLD_POINTS_PER_LIST` vectors a list against the default sample, at `nprobe`."""
-    from densekit.index import IndexSpec, SearchIndex, build_index, faiss_index, spec
+    from densekit.index import IndexSpec, SearchIndex, build_index, spec
+    from densekit.index.backends import faiss_index
 
     resolved = IndexSpec(type="ivfpq").resolved(len(store), store.dimension)
     results = {}

@@ -33,7 +33,7 @@ from benchmarks.search_qps import compare_speed
 from densekit.data import Dataset
 from densekit.encoding.store import EmbeddingStore
 from densekit.index import IndexSpec, SearchIndex, build_index
-from densekit.index.faiss_index import INDEX_FILE
+from densekit.index.backends.faiss_index import INDEX_FILE
 from densekit.retrieval.bm25 import BM25Config, BM25Index
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ from densekit.encoding.embed import embed_texts
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import evaluate
 from densekit.index import IndexSpec, SearchIndex, build_index
-from densekit.index.faiss_index import INDEX_FILE
+from densekit.index.backends.faiss_index import INDEX_FILE
 from densekit.models import DenseEncoder
 
 

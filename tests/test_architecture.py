@@ -3,6 +3,7 @@ cycle, one root for densekit's errors, and "how to add" examples that are true."
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
@@ -141,20 +142,18 @@ def test_the_routing_strategy_example_routes_as_it_says_and_every_strategy_has_a
     assert np.allclose(uniform.encode_queries(TEXTS), expected.numpy(), atol=1e-6)
 
 
-def test_the_index_backend_example_loads_its_folder_and_ranks_as_exact_faiss(tmp_path: Path, monkeypatch):
-    from densekit.index import FaissIndex, IndexSpec, SearchIndex
-
-    from .test_index import fake_store
-
-    monkeypatch.setattr(SearchIndex, "backends", dict(SearchIndex.backends))  # registered for this test only
-    namespace: dict = {"__name__": "densekit_example_backend"}
-    exec(design_example("exec"), namespace)
-    vectors = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
-    store = fake_store(tmp_path / "emb", vectors)
-    namespace["build_numpy_index"](store, tmp_path / "index")
-    loaded = SearchIndex.load(tmp_path / "index")
-    assert type(loaded).__name__ == "NumpyIndex" and loaded.rows == 50
-    queries = vectors[:5] + 0.01
-    exact = FaissIndex.from_vectors(vectors, store.ids(), IndexSpec(type="flat"))
-    ours, theirs = (index.search_run(queries, list("abcde"), 10) for index in (loaded, exact))
-    assert [list(ranked) for ranked in ours.values()] == [list(ranked) for ranked in theirs.values()]
+def test_the_index_backend_example_imports_as_a_backend_file_may():
+    """The example, run as one new backend file by tests/test_extension_index.py, keeps the contracts its
+    place would hold it to: nothing from another backend, nothing above the floor of `index`."""
+    example = design_example("a new file src/densekit/index/backends/numpy_index.py")
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(example))
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("densekit.")
+    }
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (floors,) = [c for c in contracts if c["type"] == "layers" and c["containers"] == ["densekit"]]
+    floor = {name.strip(): level for level, layer in enumerate(floors["layers"]) for name in layer.split("|")}
+    assert "densekit.index.base" in imported
+    assert [name for name in imported if name.startswith("densekit.index.backends")] == []
+    assert [name for name in imported if floor[name.split(".")[1]] < floor["index"]] == []

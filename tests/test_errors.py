@@ -39,8 +39,7 @@ def assert_one_line_error(code: int, err: str, expected: str) -> None:
 @pytest.mark.parametrize(
     ("option", "value"),
     [("--nprobe", "0"), ("--nprobe", "-1"), ("--ef-search", "0"), ("--hnsw-m", "0"), ("--nlist", "0"),
-     ("--ef-construction", "-5"), ("--pq-m", "0"), ("--pq-bits", "0"), ("--pq-bits", "17"),
-     ("--type", "ivf")],
+     ("--ef-construction", "-5"), ("--pq-m", "0"), ("--pq-bits", "0"), ("--pq-bits", "17")],
 )  # fmt: skip
 def test_index_options_out_of_their_bounds_are_refused_naming_the_option(
     capsys, unit_vectors, tmp_path: Path, option: str, value: str
@@ -48,6 +47,13 @@ def test_index_options_out_of_their_bounds_are_refused_naming_the_option(
     emb = fake_store(tmp_path / "emb", unit_vectors).folder
     code, err, _ = cli(capsys, "index", emb, "-o", tmp_path / "index", "--type", "ivfpq", option, value)
     assert code == 2 and f"Invalid value for '{option}'" in err, err
+    assert not (tmp_path / "index").exists()
+
+
+def test_an_index_type_no_backend_builds_is_refused_naming_the_types(capsys, unit_vectors, tmp_path: Path):
+    emb = fake_store(tmp_path / "emb", unit_vectors).folder
+    code, err, _ = cli(capsys, "index", emb, "-o", tmp_path / "index", "--type", "ivf")
+    assert_one_line_error(code, err, "--type ivf: densekit builds flat, hnsw or ivfpq")
     assert not (tmp_path / "index").exists()
 
 

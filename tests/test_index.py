@@ -15,7 +15,8 @@ from densekit.data.trec import read_run, write_run
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.passages import MaxPSettings
 from densekit.encoding.store import KIND, EmbeddingStore, complete_part
-from densekit.index import FaissIndex, IndexSpec, SearchIndex, SpecError, build_index, faiss_index
+from densekit.index import FaissIndex, IndexSpec, SearchIndex, SpecError, build_index
+from densekit.index.backends import faiss_index
 from densekit.index.spec import MIN_POINTS_PER_CENTROID
 from densekit.io.artefact import MANIFEST, read_manifest, write_folder_manifest
 from densekit.io.fingerprint import file_digest

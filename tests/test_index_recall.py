@@ -11,8 +11,9 @@ import faiss
 import numpy as np
 import pytest
 
-from densekit.index import FaissIndex, IndexSpec, SearchIndex, build_index, faiss_index
+from densekit.index import FaissIndex, IndexSpec, SearchIndex, build_index
 from densekit.index import memory as memory_module
+from densekit.index.backends import faiss_index
 from densekit.index.recall import RecallSettings, TargetUnreachable
 from densekit.index.spec import MIN_POINTS_PER_CENTROID
 from densekit.io.artefact import read_manifest

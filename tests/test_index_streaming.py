@@ -20,8 +20,9 @@ from densekit.data import Dataset
 from densekit.data.trec import read_run
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import encode_corpus
-from densekit.index import FaissIndex, IndexSpec, SearchIndex, build_index, faiss_index
+from densekit.index import FaissIndex, IndexSpec, SearchIndex, build_index
 from densekit.index import memory as memory_module
+from densekit.index.backends import faiss_index
 from densekit.index.memory import IndexTooLarge, build_bytes, index_bytes
 from densekit.models import DenseEncoder
 
@@ -74,7 +75,8 @@ _KILLED_BUILD = textwrap.dedent(
     import pathlib, sys, time
     import faiss
     from densekit.encoding.store import EmbeddingStore
-    from densekit.index import IndexSpec, faiss_index
+    from densekit.index import IndexSpec, build_index
+    from densekit.index.backends import faiss_index
 
     emb, out, stage, here = sys.argv[1:5]
 
@@ -97,7 +99,7 @@ _KILLED_BUILD = textwrap.dedent(
         faiss_index.faiss.write_index = written
     store = EmbeddingStore.open(emb)
     spec = IndexSpec(type="hnsw")
-    faiss_index.build_index(store, spec, pathlib.Path(out), show_progress=False, add_batch=100)
+    build_index(store, spec, pathlib.Path(out), show_progress=False, add_batch=100)
     """
 )
 

@@ -18,7 +18,7 @@ from densekit.diagnostics import DataError
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.store import EmbeddingStore
 from densekit.index import IndexSpec, SearchIndex, build_index
-from densekit.index.milvus_index import MilvusSearchIndex, build_milvus_index
+from densekit.index.backends.milvus_index import MilvusSearchIndex, build_milvus_index
 from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 from densekit.retrieval.retriever import Retriever

@@ -250,7 +250,7 @@ def test_13_33_a_milvus_index_builds_without_a_grpc_traceback_and_milvus_errors_
     pytest.importorskip("milvus_lite")
     from pymilvus import MilvusClient
 
-    from densekit.index.milvus_index import build_milvus_index
+    from densekit.index.backends.milvus_index import build_milvus_index
 
     monkeypatch.chdir(tmp_path)
     with caplog.at_level(logging.INFO):
@@ -266,7 +266,7 @@ def test_13_33_a_milvus_index_builds_without_a_grpc_traceback_and_milvus_errors_
 
 def test_22_a_relative_milvus_uri_is_recorded_absolute(small_store, tmp_path: Path, monkeypatch):
     pytest.importorskip("milvus_lite")
-    from densekit.index.milvus_index import build_milvus_index
+    from densekit.index.backends.milvus_index import build_milvus_index
 
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import annotated_types
+import click
 import typer
+from typer.core import TyperCommand
 
 from densekit.cli.options import (
     BackendOpt,
@@ -30,9 +36,12 @@ from densekit.cli.options import (
 )
 from densekit.data.dataset import Dataset
 from densekit.data.trec import RUN_KIND, write_run
-from densekit.index.spec import IndexSpec, IndexType, SpecError
+from densekit.index.spec import IndexSpec, SpecError
 from densekit.io.outputs import check_file_output, command_identity
 from densekit.models.config import EncoderOptions
+
+if TYPE_CHECKING:
+    from densekit.index.base import SearchIndex
 
 log = logging.getLogger("densekit")
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Where to write the result.")]
@@ -55,8 +64,9 @@ def _bounds(field: str) -> dict[str, Any]:
 
 
 def _option_error(err: SpecError) -> ValueError:
-    """A spec's error as the command line names it: by its option."""
-    return ValueError(f"{err.option} {err.value}: {err.reason}")
+    """A spec's error as the command line names it: by its option (and the value given, if any)."""
+    given = "" if err.value is None else f" {err.value}"
+    return ValueError(f"{err.option}{given}: {err.reason}")
 
 
 def bm25(
@@ -137,48 +147,108 @@ def encode(
     log.info("wrote %s", meta)
 
 
+SETTINGS_PANEL = "Backend settings"
+# The options of the backends' specs, each a field (`--hnsw-m` for `hnsw_m`), declared here once with its
+# type and bounds; None is "not given", the spec's default. The backend building the index takes those
+# its spec has and refuses any other given, naming it (`with_index_settings`); what each means is its
+# spec's to say (`IndexCommand`).
+_INDEX_SETTINGS: dict[str, Any] = {
+    **{field: Annotated[int | None, typer.Option(rich_help_panel=SETTINGS_PANEL, **_bounds(field))]
+       for field in ("hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe", "pq_m", "pq_bits")},
+    "uri": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
+    "collection": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
+    "setting": Annotated[list[str] | None, typer.Option(
+        help="NAME=VALUE: a setting of the backend's spec that has no option of its own (repeatable; "
+        "below).", rich_help_panel=SETTINGS_PANEL)],
+}  # fmt: skip
+
+
+def with_index_settings(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with the options of the backends' specs (`_INDEX_SETTINGS`, declared once) in place of
+    its `settings: dict` parameter, which it is then given as one dict of those given, by field name
+    (`--setting NAME=VALUE` adds others)."""
+    signature = inspect.signature(command, eval_str=True)
+    parameters = []
+    for parameter in signature.parameters.values():
+        if parameter.name != "settings":
+            parameters.append(parameter)
+            continue
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        parameters += [inspect.Parameter(name, kind, default=None, annotation=annotation)
+                       for name, annotation in _INDEX_SETTINGS.items()]  # fmt: skip
+
+    @functools.wraps(command)
+    def run(**given: Any) -> None:
+        values = {name: given.pop(name) for name in _INDEX_SETTINGS}
+        named = dict(_setting_value(text) for text in values.pop("setting") or [])
+        settings = {name: value for name, value in values.items() if value is not None}
+        command(**given, settings={**named, **settings})
+
+    run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+    return run
+
+
+def _setting_value(text: str) -> tuple[str, str]:
+    """`--setting NAME=VALUE` as (NAME, VALUE), the backend's spec reading VALUE as its field's type."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.strip():
+        raise ValueError(f"--setting {text}: give NAME=VALUE, NAME a setting of the backend's spec")
+    return name.strip().replace("-", "_"), value
+
+
+class IndexCommand(TyperCommand):
+    """`densekit index`, whose help says what each registered backend's spec says of itself: each
+    setting's option its description (per backend, where several have it), and at the end each backend,
+    the types it builds and its settings without an option of their own. Read from the registry when
+    the help is shown (which imports every backend), so that running a command imports none."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from densekit.index.base import registered_backends
+
+        backends = registered_backends().values()
+        for option in self.params:
+            fields = {backend.backend: backend.spec_class.model_fields for backend in backends}
+            described = {name: _field_words(found[option.name]) for name, found in fields.items()
+                         if option.name in found and option.name != "type"}  # fmt: skip
+            if len(described) == 1:
+                option.help = next(iter(described.values()))
+            elif described:
+                option.help = "; ".join(f"{name}: {words}" for name, words in described.items())
+        paragraphs = ["Backends (--backend NAME) and the types they build (--type TYPE, the default first):"]
+        for backend in backends:
+            types = ", ".join(name + " (exact)" * (name in backend.exact_types) for name in backend.types)
+            about = " ".join((backend.spec_class.__doc__ or "").strip().split("\n\n")[0].split())
+            lines = [f"{backend.backend}: {types}. {about}"]
+            lines += [f"  --setting {field}=VALUE: {_field_words(info)}"
+                      for field, info in backend.spec_class.model_fields.items()
+                      if field != "type" and field not in _INDEX_SETTINGS]  # fmt: skip
+            paragraphs.append("\n".join(lines))
+        self.epilog = "\n\n".join(paragraphs)
+        super().format_help(ctx, formatter)
+
+
+def _field_words(info: Any) -> str:
+    """A spec field's description, with its default where it has one to show."""
+    default = info.get_default(call_default_factory=True)
+    shown = " (needed)" if info.is_required() else "" if default is None else f" (default {default})"
+    return f"{info.description or ''}{shown}"
+
+
+@with_index_settings
 def index(
     embeddings: Annotated[Path, typer.Argument(help="A folder written by `densekit encode`.")],
     output: OutputOpt,
-    index_type: Annotated[IndexType, typer.Option("--type", help="flat (exact), hnsw or ivfpq.")] = "flat",
-    hnsw_m: Annotated[int, typer.Option(help="HNSW neighbours per node.", **_bounds("hnsw_m"))] = 32,
-    ef_construction: Annotated[
-        int, typer.Option(help="HNSW build candidate list.", **_bounds("ef_construction"))
-    ] = 200,
-    ef_search: Annotated[
-        int, typer.Option(help="HNSW search candidate list (saved as the default).", **_bounds("ef_search"))
-    ] = 256,
-    nlist: Annotated[
-        int | None, typer.Option(help="IVF lists (default 4·sqrt(n), capped).", **_bounds("nlist"))
-    ] = None,
-    nprobe: Annotated[
-        int, typer.Option(help="IVF lists probed (saved as the default).", **_bounds("nprobe"))
-    ] = 32,
-    pq_m: Annotated[
-        int | None, typer.Option(help="PQ sub-quantisers (default dimension/4).", **_bounds("pq_m"))
-    ] = None,
-    pq_bits: Annotated[
-        int | None,
-        typer.Option(help="PQ bits per code (default 8, less for small corpora).", **_bounds("pq_bits")),
+    settings: dict[str, Any],
+    index_type: Annotated[
+        str | None,
+        typer.Option("--type", help="flat (exact; the default), hnsw or ivfpq, or a type of another backend "
+                                    "(below)."),
     ] = None,
     backend: Annotated[
-        str, typer.Option("--backend", help="faiss (a local file) or milvus (a Milvus collection).")
-    ] = "faiss",
-    uri: Annotated[
         str | None,
-        typer.Option(
-            "--uri",
-            help="milvus: a Milvus server's URI, or for Milvus Lite a path ending in .db (recorded absolute; "
-            "new, empty or a Milvus Lite database).",
-        ),
-    ] = None,
-    collection: Annotated[
-        str | None,
-        typer.Option(
-            "--collection",
-            help="milvus: the collection, a letter or '_' then letters, digits and '_' (default: OUTPUT's "
-            "name).",
-        ),
+        typer.Option("--backend", help="faiss (a local file; the default), milvus (a Milvus collection), or "
+                                       "another (below); by default the one building --type."),
     ] = None,
     memory_check: Annotated[
         bool,
@@ -211,60 +281,47 @@ def index(
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
-    """Build a Faiss index (inner product) from saved embeddings and save it, or, with --backend milvus,
-    write them into a Milvus collection that the saved index folder names (docs/serving.md).
+    """Build an index of saved embeddings (inner product) and save it: by default a Faiss index, or,
+    with --backend milvus, the vectors written into a Milvus collection that the saved index folder
+    names (docs/serving.md).
 
-    An hnsw or ivfpq index's recall@10 and @100 against exact search are measured on held-out queries and
+    An approximate index's recall@10 and @100 against exact search are measured on held-out queries and
     saved in its manifest; with --target-recall the search setting meeting it is saved as the default of
     `search`, `mine` and `serve` (docs/scale.md).
 
     OUTPUT must be new, an empty folder or an index folder densekit made (which is replaced).
     """
     from densekit.encoding.store import EmbeddingStore
-    from densekit.index import build_index
+    from densekit.index.base import META_FILE
     from densekit.index.recall import RecallSettings
+    from densekit.index.registry import backend_for, build_index
     from densekit.io.artefact import read_manifest
 
-    _check_recall_options(backend, index_type, target_recall, queries, model)
-    if backend == "milvus":
-        from densekit.index.milvus_index import build_milvus_index, default_collection
-
-        if uri is None:
-            raise ValueError("--backend milvus needs --uri (a Milvus URI, or a file path for Milvus Lite)")
-        if index_type != "flat":
-            raise ValueError(f"--type {index_type}: the Milvus backend searches exactly (flat) only")
-        name = collection or default_collection(output)
-        try:
-            build_milvus_index(EmbeddingStore.open(embeddings), output, uri, name, overwrite, progress)
-        except SpecError as err:
-            raise _option_error(err) from None
-        log.info("wrote %s (Milvus collection %r at %s)", output, name, uri)
-        return
-    if backend != "faiss":
-        raise ValueError(f"--backend {backend}: use faiss or milvus")
-    if uri is not None or collection is not None:
-        raise ValueError("--uri and --collection are for --backend milvus")
     try:
-        spec = IndexSpec.checked(
-            type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction, ef_search=ef_search,
-            nlist=nlist, nprobe=nprobe, pq_m=pq_m, pq_bits=pq_bits,
-        )  # fmt: skip
+        chosen = backend_for(index_type, backend)
+        spec = chosen.spec_of({**settings, "type": index_type or chosen.types[0]})
+    except SpecError as err:
+        raise _option_error(err) from None
+    _check_recall_options(chosen, spec.type, backend is not None, target_recall, queries, model)  # type: ignore[attr-defined]
+    try:
         store = EmbeddingStore.open(embeddings)
         recall = RecallSettings(target=target_recall, queries=recall_queries)
         if queries is not None and model is not None:
             recall = _encoded_queries(recall, queries, model, store)
-        build_index(store, spec, output, show_progress=progress, check_memory=memory_check, recall=recall)
+        build_index(store, spec, output, show_progress=progress, check_memory=memory_check, recall=recall,
+                    overwrite=overwrite)  # fmt: skip
     except SpecError as err:
         raise _option_error(err) from None
-    measured = read_manifest(output).about.get("recall")  # type: ignore[union-attr]
-    log.info("wrote %s%s", output, _recall_words(measured))
+    meta = json.loads((output / META_FILE).read_text(encoding="utf-8"))
+    log.info("wrote %s%s", output, chosen.summary(meta, read_manifest(output).about))  # type: ignore[union-attr]
 
 
 def _check_recall_options(
-    backend: str, index_type: str, target_recall: float | None, queries: Path | None, model: str | None
-) -> None:
-    """Refuse recall options that would do nothing: Milvus and flat indexes search exactly, so there is no
-    recall to measure or target (and no reason to encode --queries)."""
+    backend: type[SearchIndex], index_type: str, named: bool, target_recall: float | None,
+    queries: Path | None, model: str | None,
+) -> None:  # fmt: skip
+    """Refuse recall options that would do nothing: an exact index (a flat one, Milvus) has no recall to
+    measure or target (and no reason to encode --queries). `named`: the backend was given by name."""
     if target_recall is not None and target_recall <= 0:
         raise ValueError(f"--target-recall {target_recall}: give a recall above 0, at most 1")
     if (queries is None) != (model is None):
@@ -272,10 +329,16 @@ def _check_recall_options(
                          "encoded EMBEDDINGS")  # fmt: skip
     given = [name for name, value in (("--target-recall", target_recall), ("--queries", queries))
              if value is not None]  # fmt: skip
-    exact = "--backend milvus" if backend == "milvus" else "--type flat" if index_type == "flat" else None
-    if given and exact is not None:
+    if given and index_type in backend.exact_types:
+        from densekit.index.base import registered_backends
+        from densekit.index.registry import one_of
+
+        every_type_exact = set(backend.types) == set(backend.exact_types)
+        exact = f"--backend {backend.backend}" if named and every_type_exact else f"--type {index_type}"
+        approximate = [name for found in registered_backends().values() for name in found.types
+                       if name not in found.exact_types]  # fmt: skip
         raise ValueError(f"{' and '.join(given)}: an index of {exact} searches exactly (recall 1); these "
-                         "options are for --type hnsw or ivfpq")  # fmt: skip
+                         f"options are for --type {one_of(approximate)}")  # fmt: skip
 
 
 def _encoded_queries(recall: Any, queries: Path, model: str, store: Any) -> Any:
@@ -299,17 +362,6 @@ def _encoded_queries(recall: Any, queries: Path, model: str, store: Any) -> Any:
     vectors = embed_texts(encoder, list(texts.values()), "query")
     source = f"{len(texts)} queries of {queries}, encoded by {model}"
     return replace(recall, vectors=vectors, source=source, digest=path_fingerprint(queries))
-
-
-def _recall_words(measured: dict[str, Any] | None) -> str:
-    """What the index's output line says of its recall (nothing for a Milvus or unmeasured index)."""
-    if not measured or measured.get("exact"):
-        return " (flat: exact search)" if measured else ""
-    settings = ", ".join(f"{name} {value}" for name, value in measured["parameters"].items())
-    found = ", ".join(f"{key} {value:.4f}" for key, value in measured.items()
-                      if key.startswith("recall@") and value is not None)  # fmt: skip
-    target = f", meeting --target-recall {measured['target']}" if measured.get("target") is not None else ""
-    return f" ({found} against exact search on {measured['held_out']}; {settings}{target})"
 
 
 @with_encoder_options
@@ -434,5 +486,5 @@ def register(app: typer.Typer) -> None:
     app.command("bm25")(bm25)
     app.command("rerank")(rerank)
     app.command("encode")(encode)
-    app.command("index")(index)
+    app.command("index", cls=IndexCommand)(index)
     app.command("search")(search)

@@ -1,10 +1,35 @@
-"""Indexes of saved embeddings: a backend-independent `SearchIndex` (`base`), Faiss indexes built,
-saved and loaded from disk (`faiss_index`), and Milvus collections (`milvus_index`, its client imported
-only when used). Importing the package registers both backends with `SearchIndex.load`."""
+"""Indexes of saved embeddings: a backend-independent `SearchIndex` (`base`), the backends that build,
+save, load and search them (`backends`: faiss, Milvus, ...), and `build_index`, which builds with the
+backend whose spec it is given (`registry`).
 
-from densekit.index import milvus_index
-from densekit.index.base import SearchIndex
-from densekit.index.faiss_index import FaissIndex, build_index
-from densekit.index.spec import IndexSpec, SpecError
+The names load on first use and the backends when one is first asked for, so that importing
+`densekit.index` (as the command line does for its options) imports neither faiss nor pymilvus.
+"""
 
-__all__ = ["FaissIndex", "IndexSpec", "SearchIndex", "SpecError", "build_index", "milvus_index"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from densekit.index.backends.faiss_index import FaissIndex
+    from densekit.index.base import BuildOptions, SearchIndex
+    from densekit.index.registry import build_index
+    from densekit.index.spec import IndexSpec, SpecError
+
+__all__ = ["BuildOptions", "FaissIndex", "IndexSpec", "SearchIndex", "SpecError", "build_index"]
+_WHERE = {
+    "BuildOptions": "base",
+    "FaissIndex": "backends.faiss_index",
+    "IndexSpec": "spec",
+    "SearchIndex": "base",
+    "SpecError": "spec",
+    "build_index": "registry",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"densekit.index.{_WHERE[name]}"), name)

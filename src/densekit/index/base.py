@@ -7,38 +7,66 @@ densekit's manifest: the identity of the embeddings it was built from (model wei
 corpus digest) and of its ids (their digest, in row order), and a checksum of each file, checked on
 load. The ids are checked against the identity too, so that ids reordered under a recomputed checksum
 are refused rather than given to other rows.
+
+Backends are the modules of `densekit.index.backends`, one file each, found when a backend is first
+asked for (`registered_backends`), so that importing `densekit.index` imports no search engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import json
+import pkgutil
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+from pydantic import BaseModel, ValidationError
 
 from densekit.data.hits import Hits
 from densekit.data.records import Run
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.passages import MaxPSettings, best_passage_run
 from densekit.encoding.store import EmbeddingStore
-from densekit.index.spec import IndexSpec
-from densekit.io.artefact import open_artefact, verify
+from densekit.index.spec import SpecError
+from densekit.io.artefact import artefact_dir, check_artefact_dir, open_artefact, verify
+from densekit.io.outputs import check_not_input
+
+if TYPE_CHECKING:
+    from densekit.index.recall import RecallSettings
 
 IDS_FILE = "ids.txt"
 META_FILE = "index.json"
 KIND = "index"
 DEFAULT_BACKEND = "faiss"  # the backend of a folder whose index.json names none
 _READ_BLOCK = 4 << 20
+ADD_BATCH = 65536  # vectors read and added at once while building
+BACKENDS_PACKAGE = "densekit.index.backends"
 
 
-def index_identity(store: EmbeddingStore, spec: IndexSpec) -> dict[str, Any]:
-    """What an index of `store` by a resolved `spec` records of what made it: the embeddings, the
-    spec and the digest of its ids in row order (`IDS_FILE`'s bytes)."""
+@dataclass(frozen=True)
+class BuildOptions:
+    """How any backend builds an index, whatever its spec: the seed of any sample it draws, the progress
+    bar, the memory check before the work, recall measured against exact search (None: not measured),
+    whether another index at the output may be replaced, and the vectors read at once."""
+
+    seed: int = 0
+    show_progress: bool = True
+    check_memory: bool = True
+    recall: RecallSettings | None = None
+    overwrite: bool = False
+    add_batch: int = ADD_BATCH
+
+
+def index_identity(store: EmbeddingStore, spec: BaseModel) -> dict[str, Any]:
+    """What an index of `store` by a backend's resolved `spec` records of what made it: the embeddings,
+    the spec and the digest of its ids in row order (`IDS_FILE`'s bytes)."""
     digest = hashlib.sha256()
     for part in store.parts:
         with part.stem.with_suffix(".ids").open("rb") as source:
@@ -84,14 +112,54 @@ def check_finite_rows(
         raise DataError([Problem(source, None, message)])
 
 
+def check_output(output: Path, store: EmbeddingStore) -> None:
+    """Refuse, before any work, an index `output` that is, or holds, the embedding folder, or that is
+    something other than new, empty or an index folder densekit made."""
+    check_not_input(output, [store.folder])
+    check_artefact_dir(output, KIND)
+
+
+@contextlib.contextmanager
+def index_folder(
+    output: Path, identity: dict[str, Any], about: dict[str, Any], digests: dict[str, str] | None = None
+) -> Iterator[Path]:
+    """A temporary folder to write an index into, which takes `output`'s place in one step, with its
+    manifest (`identity`, `about` and each file's checksum; `digests` holds those computed as the files
+    were written), when the block ends."""
+    with artefact_dir(output, KIND, identity, about, digests) as tmp:
+        yield tmp
+
+
+def registered_backends() -> dict[str, type[SearchIndex]]:
+    """Every backend, by name: the modules of `densekit.index.backends`, imported on first use (each
+    registers itself by subclassing `SearchIndex`), so that importing `densekit.index` imports no
+    search engine, and a new backend is one new file there."""
+    package = importlib.import_module(BACKENDS_PACKAGE)
+    for found in sorted(pkgutil.iter_modules(package.__path__), key=lambda found: found.name):
+        importlib.import_module(f"{BACKENDS_PACKAGE}.{found.name}")  # once: then a look-up
+    return SearchIndex.backends
+
+
 class SearchIndex(ABC):
-    """A loaded index: search it with query vectors, get document ids and scores back.
+    """A backend's index: built from saved embeddings, saved, loaded, searched with query vectors for
+    document ids and scores.
 
     A backend is a subclass declared with its name, `class FaissIndex(SearchIndex, backend="faiss")`,
-    which registers it: `SearchIndex.load` opens every saved folder whose `index.json` names that
-    backend with it. A backend sets `ids` (row i's document id, as an object array), `meta` (the
-    folder's `index.json`), `folder`, `identity` (the manifest's; None for an index held in memory) and
-    `spec`, and provides:
+    in one module of `densekit.index.backends`, which registers it: `densekit index --backend NAME`
+    (or a `--type` it builds), the recipes' index step and `build_index` build with it, and
+    `SearchIndex.load` opens every saved folder whose `index.json` names it. It declares:
+
+    - `types`: the `--type` values it builds, its default first, and `exact_types`, those that search
+      exactly (recall options are refused for them: there is nothing to measure);
+    - `spec_class`: its settings, a pydantic model whose `type` is one of `types` and whose fields are
+      its options (`--hnsw-m` for `hnsw_m`); the docstring's first line describes it in `index --help`;
+    - `build(store, spec, output, options)`: its index of an embedding folder, saved atomically
+      (`check_output` before the work, `index_folder` to write), and `summary`, what `densekit index`
+      prints of the folder it built.
+
+    A loaded index sets `ids` (row i's document id, as an object array), `meta` (the folder's
+    `index.json`), `folder`, `identity` (the manifest's; None for an index held in memory) and `spec`,
+    and provides:
 
     - `open(folder, meta, ids, identity, gpu, mmap)`: its index of a saved folder, whose manifest,
       checksums and ids the loader has checked;
@@ -104,13 +172,16 @@ class SearchIndex(ABC):
     """
 
     backend: ClassVar[str]
+    types: ClassVar[tuple[str, ...]]
+    exact_types: ClassVar[tuple[str, ...]] = ()
+    spec_class: ClassVar[type[BaseModel]]
     backends: ClassVar[dict[str, type[SearchIndex]]] = {}
 
     ids: np.ndarray
     meta: dict[str, Any]
     folder: Path
     identity: dict[str, Any] | None
-    spec: IndexSpec
+    spec: Any
 
     def __init_subclass__(cls, backend: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -118,6 +189,10 @@ class SearchIndex(ABC):
             return
         if backend in SearchIndex.backends:
             raise TypeError(f"index backend {backend!r} is registered twice")
+        if not getattr(cls, "types", None) or not isinstance(getattr(cls, "spec_class", None), type):
+            raise TypeError(f"index backend {backend!r} declares no `types` or no `spec_class`")
+        if any(other.spec_class is cls.spec_class for other in SearchIndex.backends.values()):
+            raise TypeError(f"index backend {backend!r} shares its spec class with another backend")
         cls.backend = backend
         SearchIndex.backends[backend] = cls
 
@@ -132,11 +207,41 @@ class SearchIndex(ABC):
         meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
         ids = read_ids(folder, manifest.identity)
         name = meta.get("backend", DEFAULT_BACKEND)
-        backend = SearchIndex.backends.get(name)
+        backends = registered_backends()
+        backend = backends.get(name)
         if backend is None:
-            known = ", ".join(sorted(SearchIndex.backends))
+            known = ", ".join(sorted(backends))
             raise DataError([Problem(folder / META_FILE, None, f"backend {name!r}: densekit knows {known}")])
         return backend.open(folder, meta, ids, manifest.identity, gpu=gpu, mmap=mmap)
+
+    @classmethod
+    def spec_of(cls, values: dict[str, Any]) -> BaseModel:
+        """This backend's spec from `values` (its `type` among them); `SpecError` names the first value
+        out of its bounds, or one that is none of its settings."""
+        try:
+            return cls.spec_class.model_validate(values)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            reason = first["msg"]
+            if first["type"] == "extra_forbidden":
+                settings = ", ".join(name for name in cls.spec_class.model_fields if name != "type")
+                reason = f"not a setting of the {cls.backend} backend (its settings: {settings or 'none'})"
+            elif first["type"] == "missing":
+                reason = f"the {cls.backend} backend needs it"
+            raise SpecError(field, values.get(field), reason) from None
+
+    @classmethod
+    @abstractmethod
+    def build(cls, store: EmbeddingStore, spec: Any, output: Path, options: BuildOptions) -> Path:
+        """Build this backend's index of `spec` (an instance of `spec_class`) over `store` and save it
+        atomically to `output`, which `check_output` must allow before any work."""
+
+    @classmethod
+    def summary(cls, meta: dict[str, Any], about: dict[str, Any]) -> str:
+        """What `densekit index` prints after the name of a folder it built, from its `index.json`
+        (`meta`) and its manifest's `about`: nothing more by default."""
+        return ""
 
     @classmethod
     @abstractmethod
@@ -160,7 +265,7 @@ class SearchIndex(ABC):
     @abstractmethod
     def set_search_parameters(self, ef_search: int | None = None, nprobe: int | None = None) -> None:
         """Set the search's parameters (None: the spec's value); one the backend has no use for, or out
-        of `IndexSpec`'s bounds, raises `SpecError` before the backend sees it."""
+        of its spec's bounds, raises `SpecError` before the backend sees it."""
 
     @abstractmethod
     def stored_vectors(self, doc_ids: list[str]) -> np.ndarray | None:

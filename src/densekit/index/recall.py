@@ -317,3 +317,15 @@ def chunk_reader(parts: Iterable[Any], add_batch: int) -> Chunks:
             offset += int(part.meta["rows"])
 
     return chunks
+
+
+def recall_words(measured: dict[str, Any] | None) -> str:
+    """What `densekit index` prints of an index's recall after its folder's name: recall@10 and @100,
+    what they were measured on, the search setting and the target met (nothing when not measured)."""
+    if not measured or measured.get("exact"):
+        return " (flat: exact search)" if measured else ""
+    settings = ", ".join(f"{name} {value}" for name, value in measured["parameters"].items())
+    found = ", ".join(f"{key} {value:.4f}" for key, value in measured.items()
+                      if key.startswith("recall@") and value is not None)  # fmt: skip
+    target = f", meeting --target-recall {measured['target']}" if measured.get("target") is not None else ""
+    return f" ({found} against exact search on {measured['held_out']}; {settings}{target})"

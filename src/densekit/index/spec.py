@@ -45,10 +45,8 @@ class SpecError(DensekitError, ValueError):
 
 
 class IndexSpec(BaseModel):
-    """An index type and its parameters; a None parameter is chosen from the corpus at build time.
-
-    All types score by inner product (cosine similarity for normalised embeddings).
-    """
+    """Faiss: flat (exact search), HNSW or IVF-PQ, by inner product (cosine similarity for normalised
+    embeddings), saved in one file; a None parameter is chosen from the corpus at build time."""
 
     model_config = ConfigDict(extra="forbid")
 

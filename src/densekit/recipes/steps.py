@@ -23,7 +23,8 @@ from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
 from densekit.evaluation.fusion import check_fusion_settings, check_weights, fuse_runs
 from densekit.fine_tuning import run_cross_encoder_training, run_training
-from densekit.index import IndexSpec, SearchIndex, build_index
+from densekit.index import SearchIndex, build_index
+from densekit.index.registry import spec_for
 from densekit.io.outputs import check_file_output, write_output_text
 from densekit.limits import MAX_RUN_DEPTH
 from densekit.mining.filters import MiningSettings
@@ -235,21 +236,32 @@ class EncodeStep(Step):
 
 
 class IndexStep(Step):
-    """`densekit index`."""
+    """`densekit index`: `spec` is the backend's (its `type` and settings, by field name; faiss's
+    `IndexSpec` by default), `backend` by default the one building its type."""
 
     type: Literal["index"]
     embeddings: str
     output: str
-    spec: IndexSpec = IndexSpec()
+    backend: str | None = None
+    spec: Any = None
+
+    @model_validator(mode="after")
+    def _backend_spec(self) -> IndexStep:
+        """The spec as its backend reads it (`SpecError`, a ValueError, names a setting it refuses); none
+        given is the backend's default type with its defaults."""
+        given = self.spec.model_dump() if isinstance(self.spec, BaseModel) else self.spec or {}
+        if not isinstance(given, dict):
+            raise ValueError("spec: a mapping of the backend's settings, its type among them")
+        self.spec = spec_for(given.get("type"), self.backend, {k: v for k, v in given.items() if k != "type"})
+        return self
 
     def inputs(self) -> list[str]:
         return [self.embeddings]
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Build and save the index."""
-        build_index(
-            EmbeddingStore.open(self.embeddings), self.spec, Path(self.output), show_progress=show_progress
-        )
+        build_index(EmbeddingStore.open(self.embeddings), self.spec, Path(self.output),
+                    show_progress=show_progress, overwrite=overwrite)  # fmt: skip
 
 
 class SearchStep(Step):

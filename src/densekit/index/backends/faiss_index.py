@@ -23,11 +23,14 @@ from densekit.encoding.passages import MaxPSettings
 from densekit.encoding.store import EmbeddingStore
 from densekit.index import recall as recall_module
 from densekit.index.base import (
+    ADD_BATCH,
     IDS_FILE,
-    KIND,
     META_FILE,
+    BuildOptions,
     SearchIndex,
     check_finite_rows,
+    check_output,
+    index_folder,
     index_identity,
     write_ids,
 )
@@ -35,92 +38,15 @@ from densekit.index.exact_search import exact_top_k
 from densekit.index.memory import IndexTooLarge, amount, available_memory, check_fits, vectors_bytes
 from densekit.index.recall import RecallSettings, gather_rows
 from densekit.index.spec import MAX_TRAINING_POINTS, IndexSpec, SpecError, training_rows
-from densekit.io.artefact import artefact_dir, check_artefact_dir
 from densekit.io.fingerprint import write_digested
-from densekit.io.outputs import check_not_input
 from densekit.progress import progress_bar
 
 log = logging.getLogger("densekit")
 
 INDEX_FILE = "index.faiss"
-_ADD_BATCH = 65536
+_ADD_BATCH = ADD_BATCH
 _MAX_TRAINING_POINTS = MAX_TRAINING_POINTS
 _WRITE_BLOCK = 4 << 20
-
-
-def build_index(
-    store: EmbeddingStore,
-    spec: IndexSpec,
-    output: Path,
-    seed: int = 0,
-    show_progress: bool = True,
-    add_batch: int = _ADD_BATCH,
-    check_memory: bool = True,
-    recall: RecallSettings | None = None,
-) -> Path:
-    """Build an index of `spec` over `store` and save it atomically to `output`: trained on a sample,
-    filled `add_batch` vectors at a time, each batch read through a memory map of its own, so only the
-    index itself and one batch are held in memory.
-
-    Given `recall` (`densekit index` gives one: 1,000 of the collection's own vectors unless told), an
-    approximate index's recall@10 and @100 against exact search are then measured on held-out queries
-    and recorded in the manifest's `about`; with a target, the smallest search setting meeting it is
-    saved in the spec (`densekit.index.recall`), and a target no setting meets is a `TargetUnreachable`
-    error. Without one (None) nothing is measured.
-
-    `output` must be new, empty or an index folder densekit made; anything else is refused before
-    any work, and so is an output that is, or holds, the embedding folder, and (with `check_memory`) an
-    index that needs more memory than is available (`IndexTooLarge`). A vector holding NaN or an
-    infinity is an error naming its part's `.npy` file, its row and its document.
-    """
-    check_not_input(output, [store.folder])
-    check_artefact_dir(output, KIND)
-    rows, dimension = len(store), store.dimension
-    if rows == 0:
-        raise DataError([Problem(store.folder, None, "no embeddings to index")])
-    spec = spec.resolved(rows, dimension)
-    if check_memory:
-        check_fits(spec, rows, dimension, add_batch, _training_rows(spec, rows))
-    chunks = recall_module.chunk_reader(store.parts, add_batch)
-
-    def sample() -> np.ndarray:
-        chosen = _training_sample(chunks(), rows, seed, _training_rows(spec, rows))
-        if not np.isfinite(chosen).all():
-            for part in store.parts:  # find the first bad row of all, not the sample's
-                check_finite_rows(part.vectors(), part.stem.with_suffix(".npy"), part.ids)
-        return chosen
-
-    index = _empty_index(spec, dimension, sample)
-    flat_rows = _flat_rows(index, rows, dimension) if spec.type == "flat" else None
-    if spec.type == "hnsw":
-        _reserve_storage(faiss.downcast_index(index.storage), rows)
-    with progress_bar(f"indexing ({spec.type})", rows, show_progress) as advance:
-        offset = 0
-        for part in store.parts:
-            part_rows = int(part.meta["rows"])
-            into = None if flat_rows is None else flat_rows[offset : offset + part_rows]
-            for start, batch in part.row_chunks(add_batch, into):
-                check_finite_rows(batch, part.stem.with_suffix(".npy"), part.ids, start)
-                if into is None:
-                    index.add(batch)
-                advance(len(batch))
-            offset += part_rows
-    if flat_rows is not None:
-        index.ntotal = rows
-    index, spec, measured = _measure(index, spec, store, recall, chunks, check_memory, show_progress)
-    meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp}
-    identity = index_identity(store, spec)
-    if recall is not None and recall.identity() is not None:
-        identity["recall_target"] = recall.identity()
-    about = {**store.about, "embeddings": str(store.folder)}
-    if measured is not None:
-        about["recall"] = measured
-    digests: dict[str, str] = {}
-    with artefact_dir(output, KIND, identity, about, digests) as tmp:
-        digests[INDEX_FILE] = _write_index(index, tmp / INDEX_FILE)
-        write_ids(store, tmp / IDS_FILE)
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-    return Path(output)
 
 
 def _training_rows(spec: IndexSpec, rows: int) -> int:
@@ -201,8 +127,9 @@ def _empty_index(spec: IndexSpec, dimension: int, training_sample: Callable[[], 
         index.hnsw.efConstruction = spec.ef_construction
     if spec.type == "ivfpq":
         # Polysemous training orders the codes for Hamming-distance filtering, which densekit never
-        # uses (search results are the same without it), and it takes most of the training time.
-        faiss.downcast_index(index).do_polysemous_training = False
+        # uses (search results are the same without it), and it takes most of the training time. The
+        # IVF-PQ index may be under faiss's re-ranking (`refine_k_factor`).
+        faiss.downcast_index(faiss.extract_index_ivf(index)).do_polysemous_training = False
     if not index.is_trained:
         index.train(training_sample())
     return index
@@ -247,6 +174,86 @@ def _training_sample(
 
 class FaissIndex(SearchIndex, backend="faiss"):
     """A Faiss index: flat (exact), HNSW or IVF-PQ, by inner product; saved in `index.faiss`."""
+
+    types = ("flat", "hnsw", "ivfpq")
+    exact_types = ("flat",)
+    spec_class = IndexSpec
+
+    @classmethod
+    def build(cls, store: EmbeddingStore, spec: IndexSpec, output: Path, options: BuildOptions) -> Path:
+        """Build an index of `spec` over `store` and save it atomically to `output`: trained on a sample
+        (`options.seed`), filled `options.add_batch` vectors at a time, each batch read through a memory
+        map of its own, so only the index itself and one batch are held in memory.
+
+        Given `options.recall` (`densekit index` gives one: 1,000 of the collection's own vectors unless
+        told), an approximate index's recall@10 and @100 against exact search are then measured on
+        held-out queries and recorded in the manifest's `about`; with a target, the smallest search
+        setting meeting it is saved in the spec (`densekit.index.recall`), and a target no setting meets
+        is a `TargetUnreachable` error. Without one (None) nothing is measured.
+
+        `output` must be new, empty or an index folder densekit made; anything else is refused before
+        any work, and so is an output that is, or holds, the embedding folder, and (with
+        `options.check_memory`) an index that needs more memory than is available (`IndexTooLarge`). A
+        vector holding NaN or an infinity is an error naming its part's `.npy` file, its row and its
+        document.
+        """
+        check_output(output, store)
+        rows, dimension = len(store), store.dimension
+        if rows == 0:
+            raise DataError([Problem(store.folder, None, "no embeddings to index")])
+        spec = spec.resolved(rows, dimension)
+        add_batch = options.add_batch
+        if options.check_memory:
+            check_fits(spec, rows, dimension, add_batch, _training_rows(spec, rows))
+        chunks = recall_module.chunk_reader(store.parts, add_batch)
+
+        def sample() -> np.ndarray:
+            chosen = _training_sample(chunks(), rows, options.seed, _training_rows(spec, rows))
+            if not np.isfinite(chosen).all():
+                for part in store.parts:  # find the first bad row of all, not the sample's
+                    check_finite_rows(part.vectors(), part.stem.with_suffix(".npy"), part.ids)
+            return chosen
+
+        index = _empty_index(spec, dimension, sample)
+        flat_rows = _flat_rows(index, rows, dimension) if spec.type == "flat" else None
+        if spec.type == "hnsw":
+            _reserve_storage(faiss.downcast_index(index.storage), rows)
+        with progress_bar(f"indexing ({spec.type})", rows, options.show_progress) as advance:
+            offset = 0
+            for part in store.parts:
+                part_rows = int(part.meta["rows"])
+                into = None if flat_rows is None else flat_rows[offset : offset + part_rows]
+                for start, batch in part.row_chunks(add_batch, into):
+                    check_finite_rows(batch, part.stem.with_suffix(".npy"), part.ids, start)
+                    if into is None:
+                        index.add(batch)
+                    advance(len(batch))
+                offset += part_rows
+        if flat_rows is not None:
+            index.ntotal = rows
+        recall = options.recall
+        built, chosen, measured = _measure(
+            index, spec, store, recall, chunks, options.check_memory, options.show_progress
+        )
+        meta = {"spec": chosen.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp}
+        identity = index_identity(store, chosen)
+        if recall is not None and recall.identity() is not None:
+            identity["recall_target"] = recall.identity()
+        about = {**store.about, "embeddings": str(store.folder)}
+        if measured is not None:
+            about["recall"] = measured
+        digests: dict[str, str] = {}
+        with index_folder(output, identity, about, digests) as tmp:
+            digests[INDEX_FILE] = _write_index(built, tmp / INDEX_FILE)
+            write_ids(store, tmp / IDS_FILE)
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        return output
+
+    @classmethod
+    def summary(cls, meta: dict[str, Any], about: dict[str, Any]) -> str:
+        """The recall measured against exact search and the search setting saved ("flat: exact search"
+        for a flat index; nothing where nothing was measured)."""
+        return recall_module.recall_words(about.get("recall"))
 
     def __init__(
         self,

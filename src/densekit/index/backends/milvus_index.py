@@ -23,27 +23,29 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from densekit.data.hits import Hits
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.store import EmbeddingStore
 from densekit.index.base import (
     IDS_FILE,
-    KIND,
     META_FILE,
+    BuildOptions,
     SearchIndex,
     check_finite_rows,
+    check_output,
+    index_folder,
     index_identity,
     write_ids,
 )
 from densekit.index.spec import IndexSpec, SpecError
-from densekit.io.artefact import artefact_dir, check_artefact_dir
 from densekit.io.fingerprint import digest_of
-from densekit.io.outputs import OutputError, check_not_input
+from densekit.io.outputs import OutputError
 from densekit.progress import progress_bar
 
 log = logging.getLogger("densekit")
@@ -158,8 +160,7 @@ def build_milvus_index(
 ) -> Path:
     """Write `store` into `collection` at `uri` and the index folder `output` that names it; a Milvus
     Lite path is recorded absolute."""
-    check_not_input(output, [store.folder])
-    check_artefact_dir(output, KIND)
+    check_output(output, store)
     check_collection_name(collection)
     uri = milvus_uri(uri)
     rows, dimension = len(store), store.dimension
@@ -174,7 +175,7 @@ def build_milvus_index(
     meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp,
             "backend": BACKEND, "uri": uri, "collection": collection}  # fmt: skip
     about = {**store.about, "embeddings": str(store.folder)}
-    with artefact_dir(output, KIND, identity, about) as tmp:
+    with index_folder(output, identity, about) as tmp:
         write_ids(store, tmp / IDS_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return Path(output)
@@ -239,8 +240,42 @@ def _claim_collection(client: Any, uri: str, collection: str, digest: str, overw
     )
 
 
+class MilvusSpec(BaseModel):
+    """Milvus: the vectors in a collection of a Milvus server or of Milvus Lite's local file, searched
+    exactly (FLAT) by inner product; the index folder names it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["flat"] = "flat"
+    uri: str = Field(
+        description="a Milvus server's URI, or for Milvus Lite a path ending in .db (recorded absolute; new, "
+        "empty or a Milvus Lite database)"
+    )
+    collection: str | None = Field(
+        None, description="a letter or '_' then letters, digits and '_' (default: the output folder's name)"
+    )
+
+
 class MilvusSearchIndex(SearchIndex, backend=BACKEND):
     """A saved index whose vectors live in a Milvus collection; searched exactly by inner product."""
+
+    types = ("flat",)
+    exact_types = ("flat",)
+    spec_class = MilvusSpec
+
+    @classmethod
+    def build(cls, store: EmbeddingStore, spec: MilvusSpec, output: Path, options: BuildOptions) -> Path:
+        """Write `store` into the collection `spec` names (the output folder's name by default) and the
+        index folder that names it; a collection of other embeddings is replaced only with
+        `options.overwrite`. Milvus searches exactly: there is no recall to measure."""
+        collection = spec.collection or default_collection(output)
+        overwrite, show_progress = options.overwrite, options.show_progress
+        return build_milvus_index(store, output, spec.uri, collection, overwrite, show_progress)
+
+    @classmethod
+    def summary(cls, meta: dict[str, Any], about: dict[str, Any]) -> str:
+        """The collection and where it is."""
+        return f" (Milvus collection {meta['collection']!r} at {meta['uri']})"
 
     def __init__(self, meta: dict[str, Any], ids: list[str], folder: Path, identity: dict[str, Any]):
         self.meta = meta
