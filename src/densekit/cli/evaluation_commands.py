@@ -26,6 +26,7 @@ from densekit.cli.options import (
     SplitOpt,
     collections,
     load_model,
+    with_encoder_options,
 )
 from densekit.data.trec import RUN_KIND, read_qrels, read_run, write_run
 from densekit.diagnostics import Diagnostics
@@ -44,11 +45,13 @@ PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write the plot (PN
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON here.")]
 
 
-def _model_label(model: str, module: Path | None) -> str:
-    """A short name for a model in tables: its folder's name (its parent's when that is `model`)."""
+def _model_label(model: str, module: Path | None, dimensions: int | None = None) -> str:
+    """A short name for a model in tables: its folder's name (its parent's when that is `model`), its
+    module's and the dimensions its vectors are cut to."""
     path = Path(model)
     name = path.parent.name if path.name == "model" and path.parent.name else path.name
-    return f"{name} + {module.name}" if module is not None else name
+    name = f"{name} + {module.name}" if module is not None else name
+    return f"{name} ({dimensions} dimensions)" if dimensions is not None else name
 
 
 def short_names(paths: list[Path]) -> list[str]:
@@ -84,6 +87,7 @@ def run_labels(paths: list[Path], names: list[str] | None) -> list[str]:
     return labels if len(set(labels)) == len(labels) else [p.resolve().as_posix() for p in paths]
 
 
+@with_encoder_options
 def benchmark(
     model: ModelArg,
     data_dirs: Annotated[
@@ -101,7 +105,7 @@ def benchmark(
     device: DeviceOpt = "auto",
     backend: BackendOpt = "torch",
     precision: PrecisionOpt = "float32",
-    module: ModuleOpt = None,
+    encoder_options: EncoderOptions = EncoderOptions(),
     domain: Annotated[
         list[str] | None,
         typer.Option(
@@ -136,10 +140,11 @@ def benchmark(
     measures = measure or ["nDCG@10", "R@100"]
     parse_measures(measures)
     given_backend = None if backend == "torch" else backend
-    encoder, route = load_model(model, device, EncoderOptions(module=module), domain, backend=given_backend)
+    encoder, route = load_model(model, device, encoder_options, domain, backend=given_backend)
     torch_precision = use_backend(encoder, backend, precision)
+    label = _model_label(model, encoder_options.module, encoder_options.dimensions)
     result = run_benchmark(
-        encoder, name or _model_label(model, module), data_dirs, output, split, measures, k, batch_size,
+        encoder, name or label, data_dirs, output, split, measures, k, batch_size,
         progress, overwrite, route, domain or None, index or None, torch_precision,
     )  # fmt: skip
     table = Table("collection", "queries", *[f"{s} {m}" for m in result.measures for s in result.systems])

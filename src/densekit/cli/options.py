@@ -98,6 +98,15 @@ QueryPrefixOpt = Annotated[
 PassagePrefixOpt = Annotated[
     str | None, typer.Option("--passage-prefix", help="Override the text put before passages.")
 ]
+DimensionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--dimensions",
+        min=1,
+        help="Keep the first N dimensions of each vector, normalised again where the model normalises: at "
+        "most its width, and one it was trained for where it records Matryoshka training (docs/training.md).",
+    ),
+]
 OverwriteOpt = Annotated[
     bool,
     typer.Option(
@@ -121,7 +130,8 @@ RemoteCodeOpt = Annotated[
 _ENCODER_OPTIONS: dict[str, Any] = {
     "pooling": PoolingOpt, "normalize": NormalizeOpt, "query_max_length": QueryLengthOpt,
     "passage_max_length": PassageLengthOpt, "query_prefix": QueryPrefixOpt,
-    "passage_prefix": PassagePrefixOpt, "module": ModuleOpt, "trust_remote_code": RemoteCodeOpt,
+    "passage_prefix": PassagePrefixOpt, "dimensions": DimensionsOpt, "module": ModuleOpt,
+    "trust_remote_code": RemoteCodeOpt,
 }  # fmt: skip
 
 

@@ -50,11 +50,14 @@ def encoder_card(folder: Path, source: str, settings: dict[str, Any], tied: bool
     if tied:
         usage.append(Usage("sentence-transformers", _st_usage(name, settings)))
     towers = "one backbone for queries and passages" if tied else "a query tower and a passage tower"
+    tags = [*TAGS, "sentence-transformers", "sentence-similarity", "feature-extraction"] if tied else [*TAGS]
+    if settings.get("matryoshka_dims"):
+        tags.append("matryoshka")
     return CardFacts(
         title=name,
         summary=f"A dense retrieval encoder ({towers}) saved by densekit.",
         library_name="sentence-transformers" if tied else "densekit",
-        tags=[*TAGS, "sentence-transformers", "sentence-similarity", "feature-extraction"] if tied else TAGS,
+        tags=tags,
         pipeline_tag="sentence-similarity" if tied else "feature-extraction",
         details={"base model": seen_from(source, folder)},
         settings=settings,
@@ -66,7 +69,16 @@ def encoder_card(folder: Path, source: str, settings: dict[str, Any], tied: bool
 def _st_usage(name: str, settings: dict[str, Any]) -> str:
     code = f"from sentence_transformers import SentenceTransformer\n\nmodel = SentenceTransformer({name!r})\n"
     query = '"query"' if settings.get("query_prefix") else "None"
-    return code + f'vectors = model.encode(["a question"], prompt_name={query})'
+    code += f'vectors = model.encode(["a question"], prompt_name={query})'
+    trained = settings.get("matryoshka_dims")
+    if trained:  # Matryoshka: the first N dimensions, normalised again where the model normalises
+        normalised = ", normalize_embeddings=True" if settings.get("normalize") else ""
+        code += (
+            f"\n\n# trained for {', '.join(map(str, trained))} dimensions (Matryoshka): smaller vectors\n"
+            f'small = SentenceTransformer("{name}", truncate_dim={trained[-1]})\n'
+            f'vectors = small.encode(["a question"], prompt_name={query}{normalised})'
+        )
+    return code
 
 
 def module_card(

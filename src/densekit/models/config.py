@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 Pooling = Literal["cls", "mean", "last"]
 TextKind = Literal["query", "passage"]
 
 CONFIG_FILE = "densekit.json"
+
+
+def _widest_first(widths: list[int]) -> list[int]:
+    if any(a <= b for a, b in itertools.pairwise(widths)):
+        raise ValueError(f"{widths}: give the widths widest first, each once (as [384, 256, 128, 64])")
+    return widths
+
+
+# Widths of vectors, widest first (Matryoshka training's, and what a model records of them).
+Widths = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1), AfterValidator(_widest_first)]
 
 
 class EncoderConfig(BaseModel):
@@ -33,6 +51,25 @@ class EncoderConfig(BaseModel):
     include_prompt: bool = Field(
         True, description="whether the prefix's tokens count in mean and last-token pooling (as in ST)"
     )
+    dimensions: int | None = Field(
+        None,
+        gt=0,
+        description="keep the first N dimensions of each vector, normalised again where the model "
+        "normalises (`densekit.models.dimensions`); none: all",
+    )
+    matryoshka_dims: Widths | None = Field(
+        None, description="the widths the model was trained for with Matryoshka training; none: not recorded"
+    )
+
+    @model_serializer(mode="wrap")
+    def _unset_widths_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The settings without `dimensions` and `matryoshka_dims` where they are unset, as every record
+        made before they existed holds them (an artefact's identity, a module's settings)."""
+        settings = handler(self)
+        for name in ("dimensions", "matryoshka_dims"):
+            if settings.get(name) is None:
+                settings.pop(name, None)
+        return settings
 
     def max_length(self, kind: TextKind) -> int:
         """The token limit for `kind` texts."""
@@ -56,14 +93,17 @@ class EncoderOptions:
     passage_max_length: int | None = None
     query_prefix: str | None = None
     passage_prefix: str | None = None
+    dimensions: int | None = None
     module: Path | None = None
     trust_remote_code: bool = False
 
     def overrides(self) -> dict[str, Any]:
-        """The encoder settings it overrides, by `EncoderConfig` field (None: keep the model's)."""
+        """The encoder settings it overrides, by `EncoderConfig` field (None: keep the model's);
+        `dimensions` only when set, so what records them (a run's identity) reads as before it existed."""
         names = ("pooling", "normalize", "query_max_length", "passage_max_length", "query_prefix",
                  "passage_prefix")  # fmt: skip
-        return {name: getattr(self, name) for name in names}
+        widths = {} if self.dimensions is None else {"dimensions": self.dimensions}
+        return {name: getattr(self, name) for name in names} | widths
 
     def given(self) -> list[str]:
         """The options set, as the command line names them (`--module`, `--pooling`...), the module first."""

@@ -14,6 +14,7 @@ from densekit.io.artefact import artefact_dir
 from densekit.io.model_card import write_model_card
 from densekit.models.card import encoder_card
 from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
+from densekit.models.dimensions import check_dimensions, truncated
 from densekit.models.fingerprint import tensors_fingerprint, weights_fingerprint
 from densekit.models.hub import locate_model
 from densekit.models.loading import (
@@ -158,7 +159,15 @@ class DenseEncoder(torch.nn.Module):
             passage = _load_backbone(local / PASSAGE_TOWER, trust_remote_code)
         tokenizer = load_tokenizer(backbone_path, trust_remote_code)
         check_vocabulary(tokenizer, backbone, backbone_path)
-        return cls(backbone, tokenizer, config, passage, source=str(name_or_path))
+        encoder = cls(backbone, tokenizer, config, passage, source=str(name_or_path))
+        if config.dimensions is not None:
+            given = overrides.get("dimensions") is not None
+            setting = "--dimensions" if given else "its saved dimensions"
+            width = check_dimensions(
+                config.dimensions, encoder.width, config.matryoshka_dims, str(name_or_path), setting
+            )
+            encoder.config = config.model_copy(update={"dimensions": width})
+        return encoder
 
     def base_fingerprint(self) -> str:
         """A digest of the base weights (both towers) and the tokenizer, as they are now."""
@@ -253,7 +262,12 @@ class DenseEncoder(torch.nn.Module):
 
     @property
     def dimension(self) -> int:
-        """The size of the vectors this encoder produces."""
+        """The size of the vectors this encoder produces: its `dimensions` setting, else its width."""
+        return self.config.dimensions or self.width
+
+    @property
+    def width(self) -> int:
+        """The size of the vectors the model makes before any are cut (`dimensions`): its hidden size."""
         return int(self.query_backbone.config.hidden_size)
 
     @property
@@ -339,10 +353,8 @@ class DenseEncoder(torch.nn.Module):
         pooled_mask = attention_mask
         if not self.config.include_prompt and self.config.pooling != "cls" and self.config.prefix(kind):
             pooled_mask = without_prompt(attention_mask, self.prompt_length(kind))
-        vectors = pool(hidden, pooled_mask, self.config.pooling)
-        if self.config.normalize:
-            vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
-        return vectors
+        pooled = pool(hidden, pooled_mask, self.config.pooling)
+        return truncated(pooled, self.config.dimensions, self.config.normalize)
 
     def save(self, path: str | Path) -> None:
         """Save atomically: safetensors, `densekit.json`, and sentence-transformers files when tied; with a
@@ -361,7 +373,7 @@ class DenseEncoder(torch.nn.Module):
         with artefact_dir(path, MODEL_KIND, self.identity(), {"source": self.source}) as tmp:
             if self.config.tied:
                 self.query_backbone.save_pretrained(tmp, safe_serialization=True)
-                write_st_files(tmp, self.config, self.dimension)
+                write_st_files(tmp, self.config, self.width)
             else:
                 self.query_backbone.save_pretrained(tmp / QUERY_TOWER, safe_serialization=True)
                 self.passage_backbone.save_pretrained(tmp / PASSAGE_TOWER, safe_serialization=True)

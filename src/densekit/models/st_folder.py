@@ -92,6 +92,12 @@ def read_st_folder(path: Path) -> tuple[Path, dict[str, Any]]:
             fields["query_max_length"] = fields["passage_max_length"] = int(max_length)
     prompts_file = path / "config_sentence_transformers.json"
     if prompts_file.is_file():
+        truncate_dim = _read_json(prompts_file).get("truncate_dim")
+        if truncate_dim is not None:
+            if type(truncate_dim) is not int or truncate_dim < 1:
+                message = f"truncate_dim {truncate_dim!r}: expected a whole number of dimensions, 1 or more"
+                raise DataError([Problem(prompts_file, None, message)])
+            fields["dimensions"] = truncate_dim
         prompts = _read_json(prompts_file).get("prompts") or {}
         if not isinstance(prompts, dict) or not all(isinstance(v, str | None) for v in prompts.values()):
             raise DataError([Problem(prompts_file, None, "prompts: expected an object of texts by name")])
@@ -152,9 +158,11 @@ def write_st_files(path: Path, config: EncoderConfig, dimension: int) -> None:
     st_config = {"max_seq_length": config.passage_max_length, "do_lower_case": False}
     (path / "sentence_bert_config.json").write_text(json.dumps(st_config, indent=2), encoding="utf-8")
     prompts = {"query": config.query_prefix, "document": config.passage_prefix}
-    extra = {
+    extra: dict[str, Any] = {
         "prompts": prompts,
         "default_prompt_name": None,
         "similarity_fn_name": "cosine" if config.normalize else "dot",
     }
+    if config.dimensions is not None:
+        extra["truncate_dim"] = config.dimensions
     (path / "config_sentence_transformers.json").write_text(json.dumps(extra, indent=2), encoding="utf-8")

@@ -12,16 +12,23 @@ log = logging.getLogger("densekit")
 
 
 # Settings that shape passage vectors; the query-side ones may be changed at search time.
-_PASSAGE_SETTINGS = ("pooling", "normalize", "passage_max_length", "passage_prefix", "tied")
+_PASSAGE_SETTINGS = ("pooling", "normalize", "passage_max_length", "passage_prefix", "tied", "dimensions")
 
 
 def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset | None = None) -> None:
     """Fail when `encoder` cannot search `index`: another dimension, or, for a saved index, other
     weights or passage settings than those that made it, or (given `dataset`) another corpus."""
     if encoder.dimension != index.dimension:
+        cut = f" (--dimensions {encoder.config.dimensions})" if encoder.config.dimensions else ""
+        if index.dimension > encoder.width:
+            fix = f"more than the {encoder.width} this model makes: it holds another model's vectors"
+        elif index.dimension == encoder.width:
+            fix = "search it without --dimensions"
+        else:
+            fix = f"search it with --dimensions {index.dimension}, as its passages were encoded"
         raise ValueError(
-            f"the encoder makes {encoder.dimension}-dimensional vectors; {index.folder} holds "
-            f"{index.dimension}-dimensional ones"
+            f"the encoder makes {encoder.dimension}-dimensional vectors{cut}; {index.folder} holds "
+            f"{index.dimension}-dimensional ones: {fix}"
         )
     if index.identity is not None:
         check_passages_made_by(encoder, index.identity["embeddings"], f"{index.folder} was built", dataset)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from densekit.encoding.passages import MaxPSettings
 from densekit.mining.filters import MiningSettings
-from densekit.models.config import Pooling
+from densekit.models.config import Pooling, Widths
 from densekit.models.modules.kinds.lora import LoraSpec
 from densekit.models.modules.specs import ModuleSpec
 from densekit.routing.strategies import RouteSpec, TopK, TrainableType, strategy_named
@@ -97,6 +97,31 @@ class DataSection(Section):
         return self
 
 
+class MatryoshkaSection(Section):
+    """Matryoshka training (Kusupati et al., 2022): the loss is also taken on the first d dimensions of
+    the vectors for each d, so that they serve as smaller vectors."""
+
+    dims: Widths = Field(
+        description="the widths trained for, widest first, each at most the model's (e.g. [384, 256, 128, "
+        "64]); the vectors cut to each are normalised again where the model normalises",
+    )
+    weights: list[Annotated[float, Field(gt=0)]] | None = Field(
+        None, description="each width's loss weight, in the order of dims; none: 1 each"
+    )
+
+    @model_validator(mode="after")
+    def _a_weight_per_width(self) -> MatryoshkaSection:
+        if self.weights is not None and len(self.weights) != len(self.dims):
+            raise ValueError(
+                f"weights: {len(self.weights)} given for {len(self.dims)} dims; give one per width, in order"
+            )
+        return self
+
+    def weighted(self) -> list[tuple[int, float]]:
+        """Each width with its weight, widest first."""
+        return list(zip(self.dims, self.weights or [1.0] * len(self.dims), strict=True))
+
+
 class LossSection(Section):
     """InfoNCE over in-batch and hard negatives, and distillation from a teacher's scores."""
 
@@ -130,6 +155,11 @@ class LossSection(Section):
         1.0, ge=0, description="InfoNCE's weight; 0 with a distillation trains on the teacher alone"
     )
     teacher_temperature: float = Field(1.0, gt=0, description="kl: the teacher's scores are divided by it")
+    matryoshka: MatryoshkaSection | None = Field(
+        None,
+        description="Matryoshka training: the weighted sum of the loss (InfoNCE and distillation) on the "
+        "first d dimensions of the vectors for each width d of dims; none: the full vectors alone",
+    )
 
     @model_validator(mode="after")
     def _something_to_learn(self) -> LossSection:
@@ -348,6 +378,11 @@ class TrainConfig(RunConfig):
         if self.ance.enabled and self.data.collections:
             raise ValueError("ance with data.collections: the inferencer indexes data.path's corpus only")
         routed = self.route is not None or self.hypernetwork is not None
+        if self.loss.matryoshka is not None and routed:
+            raise ValueError(
+                f"loss.matryoshka with {chosen[-1]}: Matryoshka training trains a model's (or a module's) "
+                "vectors for the widths it saves; a route or hypernetwork saves none"
+            )
         if self.ance.enabled and (routed or self.data.batches == "by_domain"):
             raise ValueError(
                 "ance refreshes the negatives of a whole model or module run; it does not combine with "

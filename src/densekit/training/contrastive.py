@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from densekit.data.examples import TrainingExample
 from densekit.device import autocast
+from densekit.models.dimensions import truncated
 from densekit.models.encoder import DenseEncoder
 from densekit.routing.hypernetwork import LoraHypernetwork
 from densekit.routing.route import Route
@@ -184,6 +185,8 @@ class ContrastiveTask(GroupedExamplesTask):
             )  # fmt: skip
         if config.loss.distillation != "none":
             _check_teacher_scores(examples, config)
+        if route is None and hypernetwork is None:  # what is saved is the encoder (or its module)
+            self._record_matryoshka(config)
         batch = config.optim.batch_size
         left_over = len(examples) % batch
         if left_over:
@@ -192,6 +195,26 @@ class ContrastiveTask(GroupedExamplesTask):
                 "each epoch's shuffle",
                 len(examples) - left_over, len(examples), len(examples) // batch, left_over,
             )  # fmt: skip
+
+    def _record_matryoshka(self, config: TrainConfig) -> None:
+        """Check `loss.matryoshka`'s widths against the encoder's vectors and record them in its settings,
+        which the saved model (or module) keeps; a run without it records none, whatever the model it
+        started from was trained for."""
+        matryoshka = config.loss.matryoshka
+        width = self.encoder.dimension
+        if matryoshka is not None:
+            if matryoshka.dims[0] > width:
+                raise ValueError(
+                    f"loss.matryoshka.dims: {matryoshka.dims[0]} is more than the {width} dimensions of "
+                    f"{config.model.path}'s vectors; give widths of {width} or fewer"
+                )
+            if matryoshka.dims[0] < width:
+                log.warning(
+                    "loss.matryoshka.dims %s leaves out the model's full width %d: its full vectors are not "
+                    "trained, so use it only at the widths trained", matryoshka.dims, width,
+                )  # fmt: skip
+        dims = None if matryoshka is None else matryoshka.dims
+        self.encoder.config = self.encoder.config.model_copy(update={"matryoshka_dims": dims})
 
     def set_examples(self, examples: list[TrainingExample]) -> None:
         """Train on new negatives (ANCE) for the same queries, in the same order."""
@@ -306,19 +329,46 @@ class ContrastiveTask(GroupedExamplesTask):
     def _loss(
         self, queries: torch.Tensor, passages: torch.Tensor, scale: float, batch: ContrastiveBatch
     ) -> torch.Tensor:
-        """`scale` times the weighted sum of InfoNCE and the distillation term; the unweighted parts
-        are kept in `self.parts` for the log. The distillation term needs only each query's own group,
-        which is on its own process, so it is never gathered."""
+        """`scale` times the weighted sum of InfoNCE and the distillation term, or with
+        `loss.matryoshka` the weighted sum over its widths of that sum on the vectors cut to each
+        (`densekit.models.dimensions.truncated`, as the encoder cuts them); the unweighted parts are
+        kept in `self.parts` for the log (with Matryoshka, the parts summed with the widths' weights, and
+        each width's loss as `loss_<width>d`). The distillation term needs only each query's own
+        group, which is on its own process, so it is never gathered."""
+        matryoshka = self.config.loss.matryoshka
+        if matryoshka is None:
+            total, self.parts = self._terms(queries, passages, batch)
+            return scale * total
+        if queries.dtype in (torch.float16, torch.bfloat16):
+            queries, passages = queries.float(), passages.float()
+        normalize = self.encoder.config.normalize
+        total = torch.zeros((), device=queries.device)
+        parts: dict[str, float] = {}
+        for width, weight in matryoshka.weighted():
+            cut = [truncated(vectors, width, normalize) for vectors in (queries, passages)]
+            loss, terms = self._terms(cut[0], cut[1], batch)
+            total = total + weight * loss
+            for name, value in terms.items():
+                parts[name] = parts.get(name, 0.0) + weight * value
+            parts[f"loss_{width}d"] = self._combined(terms)
+        self.parts = parts
+        return scale * total
+
+    def _terms(
+        self, queries: torch.Tensor, passages: torch.Tensor, batch: ContrastiveBatch
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The weighted sum of InfoNCE and the distillation term on these vectors, and each term
+        unweighted, by its name in the log."""
         config = self.config.loss
         total = torch.zeros((), device=queries.device)
-        self.parts: dict[str, float] = {}
+        parts: dict[str, float] = {}
         if config.contrastive_weight > 0:
             contrastive = contrastive_loss(
                 queries, passages, self.config.data.group_size, self.temperature,
                 config.cross_device_negatives, batch.false_negatives, batch.positives,
             )  # fmt: skip
             weight = distributed.gathered_loss_weight() if config.cross_device_negatives else 1
-            self.parts["loss_contrastive"] = float(contrastive.detach()) / weight
+            parts["loss_contrastive"] = float(contrastive.detach()) / weight
             total = total + config.contrastive_weight * contrastive
         if batch.teacher is not None:
             student = group_scores(queries, passages, self.config.data.group_size)
@@ -329,9 +379,15 @@ class ContrastiveTask(GroupedExamplesTask):
                 distilled = kl_distillation_loss(
                     student, teacher, self.temperature, config.teacher_temperature
                 )
-            self.parts["loss_distillation"] = float(distilled.detach())
+            parts["loss_distillation"] = float(distilled.detach())
             total = total + config.distillation_weight * distilled
-        return scale * total
+        return total, parts
+
+    def _combined(self, parts: dict[str, float]) -> float:
+        """The loss that `parts` (InfoNCE and distillation, unweighted) make with the run's weights."""
+        config = self.config.loss
+        return (config.contrastive_weight * parts.get("loss_contrastive", 0.0)
+                + config.distillation_weight * parts.get("loss_distillation", 0.0))  # fmt: skip
 
     def forward_backward(self, batch: ContrastiveBatch, scale: float = 1.0) -> dict[str, float]:
         """Compute the loss of `batch` times `scale` and back-propagate it; returns the unscaled loss."""
@@ -350,12 +406,10 @@ class ContrastiveTask(GroupedExamplesTask):
             queries = encode_queries(batch.queries)[0]
             loss = self._loss(queries, encode_passages(batch.passages)[0], scale, batch)
             loss.backward()
-        config = self.config.loss
         routing = self._route_balance(batch, scale) if self.route is not None else {}
         if set(self.parts) == {"loss_contrastive"} and not routing:
             return {"loss": self.parts["loss_contrastive"]}
-        total = config.contrastive_weight * self.parts.get("loss_contrastive", 0.0)
-        total += config.distillation_weight * self.parts.get("loss_distillation", 0.0)
+        total = self._combined(self.parts)
         total += self.config.route.load_balancing * routing.get("loss_balance", 0.0) if routing else 0.0
         return {"loss": total, **self.parts, **routing}
 
