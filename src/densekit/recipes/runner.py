@@ -52,6 +52,7 @@ from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import MANIFEST, read_manifest, write_folder_manifest
 from densekit.io.atomic import TEMPORARY, write_text_atomic
 from densekit.io.fingerprint import digest_of
+from densekit.io.lock import holding
 from densekit.io.outputs import claim_folder
 from densekit.models.hub import resolve_model_path
 from densekit.recipes.module_steps import MODULE_STEP_TYPES
@@ -372,6 +373,7 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
     return marker
 
 
+@holding("output")
 def run_recipe(
     path: Path,
     output: Path,
