@@ -311,3 +311,14 @@ def test_17_a_second_encode_of_a_part_is_refused_and_a_killed_ones_part_is_resum
     assert code == 0, err
     assert np.array_equal(np.load(out / f"{part.name}.npy"), np.load(straight / f"{part.name}.npy"))
     assert leftovers(out) == []
+
+
+def test_17_a_lock_file_planted_as_a_link_is_never_written_through(tmp_path: Path):
+    from densekit.io.lock import hold
+
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes")
+    lock_file(tmp_path / "run").symlink_to(mine)
+    with pytest.raises(OSError, match="Too many levels of symbolic links"), hold(tmp_path / "run"):
+        pass
+    assert mine.read_text() == "my notes"
