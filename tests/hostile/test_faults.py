@@ -146,6 +146,31 @@ def test_10_train_on_a_full_disk_is_one_line_naming_the_checkpoint_folder(
     assert list((disk / "run" / "checkpoints").iterdir()) == []
 
 
+def test_10_a_training_log_line_the_disk_cannot_take_is_left_out_whole_and_named(
+    capsys, small_disk, tiny_model: Path, tmp_path: Path, monkeypatch
+):
+    from densekit.training.trainer import Trainer
+
+    collection = write_training_collection(tmp_path / "data")
+    config = tmp_path / "config.yaml"
+    tree = make_config(collection, tiny_model, optim={"max_steps": 80}, checkpoint={"every": 1000})
+    config.write_text(dump_config(tree))
+    disk = small_disk(1 << 20)
+    real_step = Trainer._one_step
+
+    def filling(self):
+        if self.state["step"] == 2:
+            fill(disk)  # the log's page has room for a few lines more; the line that needs a new one fails
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "_one_step", filling)
+    code, err, _ = cli(capsys, "train", config, "--out", disk / "run", "--no-progress")
+    log = disk / "run" / "train_log.jsonl"
+    assert_refused(code, err, f"{log}: {FULL}")
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) > 2
+
+
 # Case 27 (part): disk-full errors of index and bm25 named no path; bm25 left its run without a manifest.
 
 
