@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from densekit import progress
 from densekit.progress import INTERVAL_VARIABLE, progress_bar
 
 # "stage: 3/10 30% · 12.5 it/s · 0:00:01 elapsed · ETA 0:00:02" (the rate once it is known)
@@ -24,6 +25,7 @@ def _lines(text: str, stage: str) -> list[re.Match]:
 
 
 def test_a_stage_that_runs_past_the_interval_prints_lines_a_log_can_show(monkeypatch, capfd):
+    monkeypatch.setattr(progress, "MIN_INTERVAL_S", 0.01)  # lines every 0.05 s, for a quick test
     monkeypatch.setenv(INTERVAL_VARIABLE, "0.05")
     with progress_bar("working", 8) as advance:
         for _ in range(8):
@@ -55,7 +57,7 @@ def test_no_lines_when_progress_is_off(monkeypatch, capfd):
 
 def test_the_bm25_command_with_its_output_in_a_file_logs_its_stages(beir_dir: Path, tmp_path: Path):
     log = tmp_path / "log.txt"
-    env = {**os.environ, INTERVAL_VARIABLE: "0.01"}
+    env = {**os.environ, INTERVAL_VARIABLE: "1"}
     output = tmp_path / "run.trec"
     command = [sys.executable, "-m", "densekit", "bm25", str(beir_dir), "--output", str(output)]
     with log.open("w") as out:

@@ -14,6 +14,7 @@ from densekit.data.examples import TrainingExample, check_example_ids, read_exam
 from densekit.data.records import Document
 from densekit.diagnostics import Diagnostics
 from densekit.evaluation.in_memory import evaluate_encoder
+from densekit.io.lock import holding
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.module import is_module_folder
@@ -69,6 +70,7 @@ def _namespaced(example: TrainingExample) -> TrainingExample:
     })  # fmt: skip
 
 
+@holding("output")
 def run_training(
     config: TrainConfig,
     output: Path,
@@ -132,6 +134,7 @@ def run_training(
     return trainer.train(resume=resumed)
 
 
+@holding("output")
 def run_cross_encoder_training(
     config: CrossEncoderTrainConfig,
     output: Path,

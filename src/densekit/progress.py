@@ -24,6 +24,9 @@ from rich.progress import (
 stderr_console = Console(stderr=True)
 INTERVAL_VARIABLE = "DENSEKIT_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL_S = 30.0
+# The interval's range: a line a second at most (a log, not a flood), and a day at least once (a thread
+# cannot wait for ever: 1e308 seconds overflowed its timer)
+MIN_INTERVAL_S, MAX_INTERVAL_S = 1.0, 86_400.0
 
 
 @contextlib.contextmanager
@@ -32,7 +35,7 @@ def progress_bar(
 ) -> Iterator[Callable[[int], None]]:
     """Show the progress of `total` units of work; yields `advance(n)`. On a terminal (or in Jupyter) it is
     rich's bar; elsewhere a plain line at the start, every DENSEKIT_PROGRESS_INTERVAL seconds (30 by
-    default) and at the end. Shows nothing when disabled."""
+    default, 1 to 86,400) and at the end. Shows nothing when disabled."""
     if not enabled:
         yield lambda n: None
         return
@@ -59,7 +62,7 @@ def progress_bar(
 
 
 def progress_interval() -> float:
-    """Seconds between plain progress lines: DENSEKIT_PROGRESS_INTERVAL, or 30."""
+    """Seconds between plain progress lines: DENSEKIT_PROGRESS_INTERVAL (1 to 86,400), or 30."""
     text = os.environ.get(INTERVAL_VARIABLE, "").strip()
     if not text:
         return DEFAULT_INTERVAL_S
@@ -67,8 +70,11 @@ def progress_interval() -> float:
         seconds = float(text)
     except ValueError:
         seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{INTERVAL_VARIABLE}={text!r}: give the seconds between progress lines, above 0")
+    if not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S:  # NaN too
+        raise ValueError(
+            f"{INTERVAL_VARIABLE}={text[:100]!r}: give the seconds between progress lines, from "
+            f"{MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:,.0f}"
+        )
     return seconds
 
 

@@ -20,6 +20,8 @@ from densekit.encoding.passages import MaxPSettings, PassageSplitter
 from densekit.encoding.store import KIND, PART_PATTERNS, complete_part, part_stem
 from densekit.io.artefact import write_folder_manifest
 from densekit.io.atomic import write_text_atomic
+from densekit.io.lock import hold
+from densekit.io.npy import float32_rows_writer, read_npy_header
 from densekit.io.outputs import claim_folder
 from densekit.models.encoder import DenseEncoder
 from densekit.progress import progress_bar
@@ -82,15 +84,34 @@ def encode_corpus(
 ) -> Path:
     """Encode `shard` of the corpus into `output` and return the part's metadata file.
 
-    Rows go straight into a memory-mapped `.npy` as each chunk of `chunk_size` rows is done, and
-    the count of finished rows is saved after each chunk: a killed run started again with the same
-    arguments continues from the last finished chunk. A part already complete is reused only when the
-    folder was made by the same model weights, settings and corpus bytes; a folder of another encoding
-    is refused (naming what differs) unless `overwrite`, which removes its parts first. With `maxp`,
-    each document of the shard is cut into passages and each passage is a row (a first pass over the
-    shard counts them, so the corpus is still streamed).
+    Rows are written into the part's `.npy` as each chunk of `chunk_size` rows is done, and the count
+    of finished rows is saved after each chunk: a killed run started again with the same arguments
+    continues from the last finished chunk. A part already complete is reused only when the folder was
+    made by the same model weights, settings and corpus bytes; a folder of another encoding is refused
+    (naming what differs) unless `overwrite`, which removes its parts first. With `maxp`, each document
+    of the shard is cut into passages and each passage is a row (a first pass over the shard counts
+    them, so the corpus is still streamed). The part is locked while it is written (`densekit.io.lock`),
+    so a second run on it is refused; other shards of the folder may be encoded at the same time.
     """
     output = Path(output)
+    with hold(output / part_stem(shard.index, shard.count)):
+        return _encode_part(encoder, dataset, output, shard, batch_size, precision, chunk_size,
+                            show_progress, maxp, overwrite)  # fmt: skip
+
+
+def _encode_part(
+    encoder: DenseEncoder,
+    dataset: Dataset,
+    output: Path,
+    shard: Shard,
+    batch_size: int,
+    precision: Precision,
+    chunk_size: int,
+    show_progress: bool,
+    maxp: MaxPSettings | None,
+    overwrite: bool,
+) -> Path:
+    """`encode_corpus`, with the part's lock held."""
     identity = embedding_identity(encoder, dataset, shard.count, maxp, precision)
     about = {"model": encoder.source, "corpus": str(dataset.corpus_path)}
     state = claim_folder(output, KIND, identity, [dataset.root, encoder.source], overwrite, PART_PATTERNS)
@@ -122,21 +143,14 @@ def encode_corpus(
     partial = stem.with_name(stem.name + ".partial.npy")
     progress_file = stem.with_name(stem.name + ".progress.json")
     done = _resume_point(progress_file, partial, meta)
-    if rows == 0:  # a memory map cannot be empty
-        np.save(partial, np.empty((0, encoder.dimension), dtype=np.float32))
-        matrix = np.empty((0, encoder.dimension), dtype=np.float32)
-    elif done == 0:
-        partial.unlink(missing_ok=True)
-        matrix = np.lib.format.open_memmap(
-            partial, mode="w+", dtype=np.float32, shape=(rows, encoder.dimension)
-        )
-    else:
+    if done:
         log.info("resuming %s at row %d of %d", stem.name, done, rows)
-        matrix = np.lib.format.open_memmap(partial, mode="r+")
-
     documents = units()
     ids: list[str] = []
-    with progress_bar(f"encoding {stem.name}", rows, show_progress, completed=done) as advance:
+    with (
+        float32_rows_writer(partial, rows, encoder.dimension, resume=done > 0) as write_rows,
+        progress_bar(f"encoding {stem.name}", rows, show_progress, completed=done) as advance,
+    ):
         for chunk_start in range(0, rows, chunk_size):
             chunk = list(itertools.islice(documents, chunk_size))
             ids.extend(doc.id for doc in chunk)
@@ -145,12 +159,10 @@ def encode_corpus(
             vectors = embed_texts(
                 encoder, [d.full_text for d in chunk], "passage", batch_size, precision, advance
             )
-            matrix[chunk_start : chunk_start + len(chunk)] = vectors
-            matrix.flush()  # rows on disk before the progress file says they are
+            write_rows(chunk_start, vectors)  # on disk before the progress file says they are
             write_text_atomic(progress_file, json.dumps({**meta, "done": chunk_start + len(chunk)}))
     if len(ids) != rows:
         raise RuntimeError(f"{dataset.corpus_path} changed while it was encoded: {len(ids)} rows, not {rows}")
-    del matrix
     meta_file = complete_part(output, shard.index, shard.count, partial, ids, meta)
     progress_file.unlink(missing_ok=True)
     return meta_file
@@ -164,5 +176,13 @@ def _resume_point(progress_file: Path, partial: Path, meta: dict) -> int:
     done = saved.pop("done", 0)
     if saved != json.loads(json.dumps(meta)):
         log.warning("%s was made by another model, setting or corpus; starting over", partial)
+        return 0
+    try:
+        header = read_npy_header(partial)
+    except ValueError:
+        header = None
+    if header is None or (header.shape, header.dtype) != ((meta["rows"], meta["dimension"]), np.float32):
+        log.warning("%s is not the %d x %d float32 matrix its progress file describes; starting over",
+                    partial, meta["rows"], meta["dimension"])  # fmt: skip
         return 0
     return int(done)

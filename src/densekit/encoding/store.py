@@ -11,7 +11,6 @@ its `.json` say) before any checksum reads a file whole.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import differences, open_artefact
 from densekit.io.atomic import atomic_file, write_text_atomic
 from densekit.io.fingerprint import file_digest
-from densekit.io.npy import iter_row_chunks, read_npy_header
+from densekit.io.npy import float32_header, iter_row_chunks, read_npy_header
 
 KIND = "embeddings"
 PART_PATTERNS = ("part-*", ".part-*")  # what an embedding folder of densekit's holds
@@ -88,12 +87,7 @@ class EmbeddingPart:
     def _unreadable(self, path: Path, err: Exception) -> str:
         """Why numpy could not load the part's vectors, in words."""
         rows, dimension = int(self.meta["rows"]), int(self.meta["dimension"])
-        header = io.BytesIO()
-        np.lib.format.write_array_header_1_0(
-            header, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
-                     "shape": (rows, dimension)}
-        )  # fmt: skip
-        needed = len(header.getvalue()) + rows * dimension * np.dtype(np.float32).itemsize
+        needed = len(float32_header(rows, dimension)) + rows * dimension * np.dtype(np.float32).itemsize
         size = path.stat().st_size if path.is_file() else None
         if size is not None and size < needed:
             vectors = f"{rows} x {dimension} float32 vectors"

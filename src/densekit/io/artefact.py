@@ -23,6 +23,7 @@ from densekit.diagnostics import DataError, Problem
 from densekit.io.atomic import atomic_dir, check_replaceable, write_text_atomic
 from densekit.io.fingerprint import digest_of, file_digest, tree_checksums
 from densekit.io.readme import holds_only_user_readme, is_card, keep_user_readme
+from densekit.io.write_errors import named_os_error
 from densekit.version import __version__
 
 MANIFEST = "densekit-artefact.json"
@@ -109,10 +110,19 @@ def read_file_manifest(path: Path | str) -> Manifest | None:
 def write_file_manifest(
     path: Path | str, kind: str, identity: dict[str, Any], about: dict | None = None
 ) -> Manifest:
-    """Record that densekit wrote `path` (after it was written), with its checksum."""
+    """Record that densekit wrote `path` (after it was written), with its checksum. When the record
+    cannot be written (a full disk), `path` is removed: a file without it would be refused as not
+    densekit's, and the error names `path`."""
     path = Path(path)
     manifest = new_manifest(kind, identity, {path.name: file_digest(path)}, about)
-    write_text_atomic(sidecar(path), manifest.to_json())
+    try:
+        write_text_atomic(sidecar(path), manifest.to_json())
+    except OSError as err:
+        path.unlink(missing_ok=True)
+        named = named_os_error(err, path, inside=sidecar(path))
+        if named is None:
+            raise
+        raise named from err
     return manifest
 
 

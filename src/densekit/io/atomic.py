@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
+from densekit.io.write_errors import naming
+
 TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
@@ -79,7 +81,7 @@ def atomic_file(path: Path | str, mode: str = "w", encoding: str | None = "utf-8
     tmp = _temporary(path)
     kwargs = {"encoding": encoding} if "b" not in mode else {}
     try:
-        with tmp.open(mode, **kwargs) as handle:
+        with naming(path, inside=tmp), tmp.open(mode, **kwargs) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -98,7 +100,8 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     remove_dead_temporaries(path.parent, path.name)
     tmp = _temporary(path)
     try:
-        yield tmp
+        with naming(path, inside=tmp):
+            yield tmp
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     finally:
@@ -150,11 +153,12 @@ def atomic_dir(path: Path | str, may_replace: Callable[[Path], bool] | None = No
     tmp = _temporary(path)
     tmp.mkdir()
     try:
-        yield tmp
-        for child in tmp.rglob("*"):
-            if child.is_file():
-                with child.open("rb") as handle:
-                    os.fsync(handle.fileno())
+        with naming(path, inside=tmp):
+            yield tmp
+            for child in tmp.rglob("*"):
+                if child.is_file():
+                    with child.open("rb") as handle:
+                        os.fsync(handle.fileno())
         check_replaceable(path, may_replace)  # it may have appeared while the work went on
         if path.exists() and exchange(tmp, path):
             _fsync_dir(path.parent)  # tmp now holds the old folder and is removed below

@@ -1,16 +1,21 @@
 """A `.npy` file's header read on its own: shape, type and order, checked against the file's size, without
-loading or mapping the data, so that a file of many gigabytes is judged in microseconds; and its rows read
-a chunk at a time."""
+loading or mapping the data, so that a file of many gigabytes is judged in microseconds; its rows read
+a chunk at a time; and a float32 matrix written a chunk of rows at a time."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from densekit.io.write_errors import naming
 
 _READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
@@ -83,3 +88,71 @@ def _copied(rows: np.ndarray, into: np.ndarray | None, start: int) -> np.ndarray
     target = into[start : start + len(rows)]
     target[...] = rows
     return target
+
+
+@contextlib.contextmanager
+def float32_rows_writer(
+    path: Path | str, rows: int, dimension: int, resume: bool = False
+) -> Iterator[Callable[[int, np.ndarray], None]]:
+    """Write a `rows` x `dimension` float32 `.npy` at `path` a chunk of rows at a time: yields
+    `write(first_row, chunk)`, whose rows are on disk when it returns.
+
+    The file is written with ordinary writes, never through a memory map: a full disk is then an
+    `OSError` naming `path`, where a write into a mapped file the disk cannot hold kills the process
+    with SIGBUS. A new file gets all of its space when it is made (`posix_fallocate`), so a disk too
+    small refuses it before any row is written (and the file is removed); with `resume` the file is one
+    made so before, its rows kept. The bytes are those numpy writes (`np.save`, `open_memmap`)."""
+    path = Path(path)
+    row_bytes = dimension * np.dtype(np.float32).itemsize
+    with naming(path):
+        if resume:
+            offset = read_npy_header(path).offset
+            descriptor = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        else:
+            descriptor, offset = _new_npy(path, rows, dimension)
+
+    def write(first_row: int, chunk: np.ndarray) -> None:
+        data = memoryview(np.ascontiguousarray(chunk, dtype=np.float32)).cast("B")
+        position = offset + first_row * row_bytes
+        with naming(path):
+            while data:
+                written = os.pwrite(descriptor, data, position)
+                data, position = data[written:], position + written
+            os.fsync(descriptor)
+
+    try:
+        yield write
+    finally:
+        os.close(descriptor)
+
+
+def float32_header(rows: int, dimension: int) -> bytes:
+    """The header numpy writes for a `rows` x `dimension` float32 matrix in C order."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+                 "shape": (rows, dimension)}
+    )  # fmt: skip
+    return header.getvalue()
+
+
+def _new_npy(path: Path, rows: int, dimension: int) -> tuple[int, int]:
+    """Make the `.npy` file of a `rows` x `dimension` float32 matrix, its header written and its space
+    taken; returns its open descriptor and where its data starts."""
+    header = float32_header(rows, dimension)
+    path.unlink(missing_ok=True)  # an earlier file (or a link) is replaced, never written through
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        os.pwrite(descriptor, header, 0)
+        size = len(header) + rows * dimension * np.dtype(np.float32).itemsize
+        try:
+            os.posix_fallocate(descriptor, 0, size)
+        except OSError as err:
+            if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            os.ftruncate(descriptor, size)  # a file system that cannot reserve: writes say when it is full
+    except BaseException:
+        os.close(descriptor)
+        path.unlink(missing_ok=True)
+        raise
+    return descriptor, len(header)

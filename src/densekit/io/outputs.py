@@ -35,6 +35,7 @@ from densekit.io.artefact import (
     write_file_manifest,
 )
 from densekit.io.atomic import TEMPORARY, atomic_file
+from densekit.io.lock import LOCK_NAME, check_not_held
 
 FolderState = Literal["new", "matching"]
 # The files that make a folder a collection (`densekit.data.dataset`), the names it reads as its own,
@@ -237,18 +238,22 @@ def check_artefact_output(
 
 
 def is_empty(folder: Path) -> bool:
-    """True when `folder` holds nothing but what a running densekit writer is making there."""
-    return all(TEMPORARY.match(child.name) for child in folder.iterdir())
+    """True when `folder` holds nothing but what a densekit writer is making there (its temporaries and
+    the locks of what it writes, `densekit.io.lock`)."""
+    return all(TEMPORARY.match(child.name) or LOCK_NAME.match(child.name) for child in folder.iterdir())
 
 
 def clear_folder(path: Path | str, owned: Iterable[str] = ()) -> list[Path]:
     """Remove what densekit made in `path`: entries matching the `owned` patterns, every folder with a
     densekit manifest and every file densekit wrote (with its manifest); anything else stays. Returns
-    what went."""
+    what went. Locks are left alone, and nothing is removed while another process writes in `path`."""
     path = Path(path)
+    check_not_held(path)
     patterns = [*owned, MANIFEST]
     removed = []
     for child in sorted(path.iterdir()):
+        if LOCK_NAME.match(child.name):
+            continue
         if any(fnmatch.fnmatchcase(child.name, pattern) for pattern in patterns):
             pass
         elif child.is_dir() and not child.is_symlink():

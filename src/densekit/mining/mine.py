@@ -23,6 +23,7 @@ from densekit.data.examples import (
 from densekit.data.records import Run
 from densekit.encoding.embed import embed_texts
 from densekit.index import SearchIndex
+from densekit.io.lock import holding
 from densekit.io.outputs import check_file_output, command_identity, write_output_text
 from densekit.mining.filters import MiningSettings, choose_negatives
 from densekit.models.encoder import DenseEncoder
@@ -118,6 +119,7 @@ def dense_candidates(
     return ranked, dense_positive_scores(encoder, index, examples, query_vectors, texts, batch_size)
 
 
+@holding("output")
 def mine(
     dataset: Dataset,
     split: str,

@@ -23,6 +23,7 @@ from densekit.device import Precision
 from densekit.diagnostics import Diagnostics
 from densekit.io.atomic import write_text_atomic
 from densekit.io.fingerprint import file_digest
+from densekit.io.lock import holding
 from densekit.io.outputs import OutputError, check_file_output
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.progress import progress_bar
@@ -67,6 +68,7 @@ def _finished_chunks(path: Path, identity: dict[str, Any]) -> list[list[dict[str
     return chunks
 
 
+@holding("output")
 def score_examples(
     cross_encoder: CrossEncoder,
     examples_path: Path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from densekit.io.lock import holding
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.corpus import read_texts, tokenize_corpus
@@ -16,6 +17,7 @@ from densekit.training.trainer import Trainer
 RUN_KIND = "pre-training run"
 
 
+@holding("output")
 def run_pretraining(
     config: PretrainConfig,
     output: Path,

@@ -51,6 +51,7 @@ from densekit.device import resolve_device
 from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import MANIFEST, read_manifest, write_folder_manifest
 from densekit.io.atomic import TEMPORARY, write_text_atomic
+from densekit.io.lock import holding
 from densekit.io.outputs import claim_folder
 from densekit.models.hub import resolve_model_path
 from densekit.recipes.module_steps import MODULE_STEP_TYPES
@@ -371,6 +372,7 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
     return marker
 
 
+@holding("output")
 def run_recipe(
     path: Path,
     output: Path,

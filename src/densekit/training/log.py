@@ -4,11 +4,13 @@ its curves."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from densekit.io.atomic import atomic_file
+from densekit.io.write_errors import naming
 from densekit.plots import pyplot, save_png
 from densekit.training.trackers import Tracker, open_trackers, scalars_of
 
@@ -41,9 +43,21 @@ class TrainingLog:
             tracker.replay(self.records())
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record and log its scalars to each tracker."""
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        """Append one record and log its scalars to each tracker. A record the disk cannot take is
+        left out whole (no torn line for a resumed run to stop at), and the error names the log."""
+        line = memoryview((json.dumps(record) + "\n").encode())
+        with naming(self.path):
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                start = os.fstat(descriptor).st_size
+                try:
+                    while line:
+                        line = line[os.write(descriptor, line) :]
+                except OSError:
+                    os.ftruncate(descriptor, start)
+                    raise
+            finally:
+                os.close(descriptor)
         scalars = scalars_of(record)
         for tracker in self.trackers:
             tracker.log(int(record.get("step", 0)), scalars)
