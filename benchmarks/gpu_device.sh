@@ -5,9 +5,10 @@
 # arguments go to the suite (e.g. --parts encode,exact_search).
 #   bash benchmarks/gpu_device.sh
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+site=${SITE:-/tmp/site}  # where the wheels go (another folder to try the script on this machine)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
   || { echo "the carried wheels did not install: run benchmarks/gpu_prepare.sh and carry .whl" >&2; exit 3; }
-export PYTHONPATH="/tmp/site:$PWD/src:$PWD" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$site:$PWD/src:$PWD" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 out=${OUT:-runs/benchmarks}
 mkdir -p "$out"
 python3 -m benchmarks.gpu_suite --device cuda --output "$out/gpu_suite.json" "$@" 2>&1 | tee "$out/gpu_suite.log"

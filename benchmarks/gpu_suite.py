@@ -27,6 +27,7 @@ import contextlib
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +58,7 @@ from benchmarks.gpu_train import CURVE, CURVE_WINDOW, Run
 from benchmarks.machine import machine_info
 
 REFERENCE = Path("benchmarks/results/gpu_suite_reference_curve.json")
+MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 # Dense bf16 peaks (no sparsity) from NVIDIA's data sheets, by what torch.cuda.get_device_name says.
 DENSE_BF16_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4),
                      ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0))  # fmt: skip
@@ -212,20 +214,27 @@ def dense_bf16_peak(name: str) -> float | None:
 
 
 def part_cuda_tests(ctx: Context) -> dict:
-    """tests/test_cuda.py on the device, in a process of its own (`pytest --device`)."""
+    """tests/test_cuda.py on the device, in a process of its own (`pytest --device`). It runs in a folder
+    holding the carried tokenizer as `sentence-transformers/all-MiniLM-L6-v2`, which the tests' tiny
+    models take theirs from (an existing folder wins over the bundled model, which a GPU machine has
+    not)."""
+    root = Path(__file__).resolve().parents[1]
+    folder = ctx.work / "pytest"
+    shutil.copytree(ctx.inputs / MINILM_FILES, folder / MINILM_NAME, dirs_exist_ok=True)
     report = ctx.work / "cuda_tests.xml"
-    command = [sys.executable, "-m", "pytest", "tests/test_cuda.py", "--device", ctx.device, "-m", "cuda",
-               "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-rfEs",
-               f"--junitxml={report}"]  # fmt: skip
+    command = [sys.executable, "-m", "pytest", str(root / "tests" / "test_cuda.py"), "--rootdir", str(root),
+               "-c", str(root / "pyproject.toml"), "--device", ctx.device, "-m", "cuda", "-q",
+               "-p", "no:cacheprovider", "-p", "no:randomly", "-rfEs", f"--junitxml={report}"]  # fmt: skip
     budget = ctx.plan.budgets["cuda_tests"] - 5
-    done = subprocess.run(command, capture_output=True, text=True, timeout=budget)
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=budget)
     suite = ElementTree.parse(report).getroot()
     suite = suite if suite.tag == "testsuite" else suite[0]
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
     failed = [case.get("name") for case in suite.iter("testcase")
               if case.find("failure") is not None or case.find("error") is not None]  # fmt: skip
-    result = {"command": " ".join(command[1:]), **counts, "passed": counts["tests"] - counts["failures"]
-              - counts["errors"] - counts["skipped"], "failed": failed}  # fmt: skip
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    result = {"command": " ".join(command[1:]), "cwd": str(folder), **counts, "passed": passed,
+              "failed": failed}  # fmt: skip
     if done.returncode != 0:
         result["output_tail"] = done.stdout[-3000:] + done.stderr[-1000:]
         raise PartFailed(
