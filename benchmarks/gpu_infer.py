@@ -102,10 +102,11 @@ def timed(work, device: str) -> tuple[float, np.ndarray]:
     return time.perf_counter() - start, result
 
 
-def wiki_rate(model: Path, sample: Path, device: str, batch: int, length: int, work: Path) -> dict:
-    """Passages a second at which the carried sample of wiki1m encodes (densekit, bf16), and the time
-    the whole corpus would take at that rate."""
-    documents = read_jsonl_gz(sample)
+def wiki_rate(model: Path, sample: Path, device: str, batch: int, length: int, work: Path,
+              limit: int | None = None) -> dict:  # fmt: skip
+    """Passages a second at which the carried sample of wiki1m (its first `limit` passages, or all)
+    encodes (densekit, bf16), and the time the whole corpus would take at that rate."""
+    documents = read_jsonl_gz(sample)[:limit]
     dataset = Dataset.open(beir_folder(documents, work / "wiki-sample"))
     encoder = DenseEncoder.load(model, passage_max_length=length).to(device)
     densekit_encode(encoder, Dataset.open(beir_folder(documents[:batch], work / "wiki-warm")),

@@ -89,7 +89,7 @@ class Plan:
     throughput: list[Run]
     mfu: list[Run]
     matmul: int
-    encode_docs: int | None
+    encode_docs: int | None  # SciFact's and the wiki sample's passages encoded at most (None: all)
     encode_batch: int
     encode_length: int
     encode_rounds: int
@@ -334,7 +334,7 @@ def part_encode(ctx: Context) -> dict:
 def part_wiki_encode_rate(ctx: Context) -> dict:
     model, _ = ctx.model(ctx.plan.minilm)
     return gpu_infer.wiki_rate(model, ctx.inputs / WIKI_SAMPLE, ctx.device, ctx.plan.encode_batch,
-                               ctx.plan.encode_length, ctx.work)  # fmt: skip
+                               ctx.plan.encode_length, ctx.work, ctx.plan.encode_docs)  # fmt: skip
 
 
 def part_exact_search(ctx: Context) -> dict:
