@@ -31,6 +31,37 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 _BROWSER_OUTCOMES: list[tuple[str, str]] = []
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """--device: run the tests marked `cuda` on that device (`cuda` on a GPU machine; `cpu` to check the
+    tests themselves); without it they are skipped, so CI never needs a GPU."""
+    parser.addoption("--device", default=None, help="run the tests marked cuda on this device (cuda, cpu)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the `cuda` marker."""
+    config.addinivalue_line("markers", "cuda: depends on the device; runs only with --device (e.g. cuda)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked `cuda` without --device, or with a GPU asked for that torch does not see."""
+    device = config.getoption("--device")
+    if device is None:
+        reason = "marked cuda: run with --device cuda on a GPU machine"
+    elif torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        reason = f"--device {device}, but torch sees no GPU"
+    else:
+        return
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def run_device(request: pytest.FixtureRequest) -> torch.device:
+    """The device --device names, for the tests marked `cuda`."""
+    return torch.device(request.config.getoption("--device") or "cpu")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Keep the outcome of each browser test, for the summary."""
     if "browser" in report.keywords and (report.when == "call" or report.outcome != "passed"):

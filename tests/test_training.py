@@ -138,7 +138,7 @@ def _one_step_worker(
         distributed.average_gradients(list(task.encoder.parameters()))
         if rank == 0:
             safetensors.torch.save_file(gradients(task.encoder), output)
-            Path(output + ".json").write_text(json.dumps(result))
+            Path(output + ".json").write_text(json.dumps({k: float(v) for k, v in result.items()}))
     finally:
         dist.destroy_process_group()
 
@@ -517,3 +517,27 @@ def test_pruning_keeps_the_newest_checkpoints_and_nothing_else_is_touched(tmp_pa
     prune_checkpoints(root, keep=2)
     assert sorted(p.name for p in root.iterdir()) == ["notes", "step-00000012", "step-00000100"]
     assert [p.name for p in checkpoints(root)] == ["step-00000012", "step-00000100"]  # by number, not name
+
+
+def test_a_steps_figures_are_read_at_the_log_line_and_logged_as_before(
+    collection, still_model: Path, tmp_path: Path
+):
+    """Each step's loss and gradient norm stay unread tensors (on a GPU, reading one waits for the step)
+    until the log line, whose means equal those of their values, as when each step read them."""
+    config = make_config(collection, still_model, log_every=3)
+    task = make_task(config)
+    trainer = Trainer(task, config.optim, config.checkpoint, tmp_path, "", 3, show_progress=False)
+    stepped, real_step = [], trainer._one_step
+
+    def recording():
+        stepped.append(real_step())
+        return stepped[-1]
+
+    trainer._one_step = recording
+    trainer.train()
+    assert all(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for f in stepped for v in f.values())
+    records = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3, 6]
+    for record, window in zip(records, (stepped[:3], stepped[3:]), strict=True):
+        for key in ("loss", "grad_norm"):
+            assert record[key] == sum(float(figures[key]) for figures in window) / 3

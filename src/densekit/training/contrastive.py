@@ -18,6 +18,7 @@ has one term, on its first column in the query's own group, else its first in th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from densekit.data.examples import TrainingExample
-from densekit.device import autocast
+from densekit.device import autocast, to_device
 from densekit.models.dimensions import truncated
 from densekit.models.encoder import DenseEncoder
 from densekit.routing.hypernetwork import LoraHypernetwork
@@ -36,6 +37,7 @@ from densekit.training import distributed
 from densekit.training.config import INNER_PRODUCT_TEMPERATURE, NORMALIZED_TEMPERATURE, TrainConfig
 from densekit.training.grad_cache import cached_backward, split_inputs
 from densekit.training.grouped_task import GroupedExamplesTask
+from densekit.training.log import Figure, device_figure
 from densekit.training.passage_vectors import PassageVectors
 from densekit.training.sampling import (
     global_batch_rows,
@@ -70,6 +72,19 @@ class ContrastiveBatch:
     def size(self) -> int:
         """Queries in the batch."""
         return int(self.queries["input_ids"].shape[0])
+
+    def to(self, device: torch.device) -> ContrastiveBatch:
+        """The batch with its tensors on `device`, copied without waiting for the GPU (`to_device`)."""
+
+        def moved(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else to_device(tensor, device)
+
+        return dataclasses.replace(
+            self, queries={k: moved(v) for k, v in self.queries.items()},
+            passages={k: moved(v) for k, v in self.passages.items()},
+            false_negatives=moved(self.false_negatives), teacher=moved(self.teacher),
+            positives=moved(self.positives),
+        )  # fmt: skip
 
 
 def contrastive_loss(
@@ -343,7 +358,7 @@ class ContrastiveTask(GroupedExamplesTask):
             queries, passages = queries.float(), passages.float()
         normalize = self.encoder.config.normalize
         total = torch.zeros((), device=queries.device)
-        parts: dict[str, float] = {}
+        parts: dict[str, Figure] = {}
         for width, weight in matryoshka.weighted():
             cut = [truncated(vectors, width, normalize) for vectors in (queries, passages)]
             loss, terms = self._terms(cut[0], cut[1], batch)
@@ -356,19 +371,19 @@ class ContrastiveTask(GroupedExamplesTask):
 
     def _terms(
         self, queries: torch.Tensor, passages: torch.Tensor, batch: ContrastiveBatch
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, Figure]]:
         """The weighted sum of InfoNCE and the distillation term on these vectors, and each term
         unweighted, by its name in the log."""
         config = self.config.loss
         total = torch.zeros((), device=queries.device)
-        parts: dict[str, float] = {}
+        parts: dict[str, Figure] = {}
         if config.contrastive_weight > 0:
             contrastive = contrastive_loss(
                 queries, passages, self.config.data.group_size, self.temperature,
                 config.cross_device_negatives, batch.false_negatives, batch.positives,
             )  # fmt: skip
             weight = distributed.gathered_loss_weight() if config.cross_device_negatives else 1
-            parts["loss_contrastive"] = float(contrastive.detach()) / weight
+            parts["loss_contrastive"] = device_figure(contrastive) / weight
             total = total + config.contrastive_weight * contrastive
         if batch.teacher is not None:
             student = group_scores(queries, passages, self.config.data.group_size)
@@ -379,18 +394,19 @@ class ContrastiveTask(GroupedExamplesTask):
                 distilled = kl_distillation_loss(
                     student, teacher, self.temperature, config.teacher_temperature
                 )
-            parts["loss_distillation"] = float(distilled.detach())
+            parts["loss_distillation"] = device_figure(distilled)
             total = total + config.distillation_weight * distilled
         return total, parts
 
-    def _combined(self, parts: dict[str, float]) -> float:
+    def _combined(self, parts: dict[str, Figure]) -> Figure:
         """The loss that `parts` (InfoNCE and distillation, unweighted) make with the run's weights."""
         config = self.config.loss
         return (config.contrastive_weight * parts.get("loss_contrastive", 0.0)
                 + config.distillation_weight * parts.get("loss_distillation", 0.0))  # fmt: skip
 
-    def forward_backward(self, batch: ContrastiveBatch, scale: float = 1.0) -> dict[str, float]:
+    def forward_backward(self, batch: ContrastiveBatch, scale: float = 1.0) -> dict[str, Figure]:
         """Compute the loss of `batch` times `scale` and back-propagate it; returns the unscaled loss."""
+        batch = batch.to(self.encoder.device)
         encode_queries, encode_passages = self._encode("query", batch.domain), self._encode("passage")
         cache = self.config.grad_cache
         if cache.enabled:

@@ -92,10 +92,14 @@ def average_gradients(parameters: list[torch.nn.Parameter]) -> None:
             offset += grad.numel()
 
 
-def all_reduce_mean(value: float) -> float:
-    """The mean of a number over processes."""
+def all_reduce_mean(value: float | torch.Tensor) -> float | torch.Tensor:
+    """The mean of a number over processes; of a 0-dim tensor, a tensor on its device, not read."""
     if world_size() == 1:
         return value
+    if isinstance(value, torch.Tensor):
+        summed = value.detach().double().clone()
+        dist.all_reduce(summed)
+        return summed / world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(tensor)

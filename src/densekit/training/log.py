@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from densekit.io.atomic import atomic_file
 from densekit.io.write_errors import naming
 from densekit.plots import pyplot, save_png
@@ -16,6 +18,16 @@ from densekit.training.trackers import Tracker, open_trackers, scalars_of
 
 LOG_FILE = "train_log.jsonl"
 PLOT_FILE = "training_curves.png"
+# A figure of a training step (a loss, the gradient norm): a number, or a 0-dim tensor not read yet
+Figure = float | torch.Tensor
+
+
+def device_figure(value: torch.Tensor) -> Figure:
+    """A step's figure left on the device that computed it, in float64 as Python adds numbers (so sums
+    of them equal the sums of their values), for the trainer to read at its next log line: reading a
+    GPU's tensor waits for every kernel queued before it. Apple's MPS has no float64: read at once."""
+    value = value.detach()
+    return float(value) if value.device.type == "mps" else value.double()
 
 
 class TrainingLog:

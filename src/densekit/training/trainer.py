@@ -26,7 +26,7 @@ from densekit.progress import progress_bar
 from densekit.training import distributed
 from densekit.training.checkpoint import checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint
 from densekit.training.config import CheckpointSection, OptimSection
-from densekit.training.log import PLOT_FILE, TrainingLog, plot_curves
+from densekit.training.log import PLOT_FILE, Figure, TrainingLog, device_figure, plot_curves
 
 log = logging.getLogger("densekit")
 
@@ -49,8 +49,10 @@ class TrainingTask(Protocol):
     def batch(self, epoch: int, step: int) -> Any:
         """This process's part of global batch `step` of `epoch`; the same every time it is asked."""
 
-    def forward_backward(self, batch: Any, scale: float) -> dict[str, float]:
-        """Back-propagate `scale` times the batch's loss; return the unscaled loss and other figures."""
+    def forward_backward(self, batch: Any, scale: float | torch.Tensor) -> dict[str, Figure]:
+        """Back-propagate `scale` (a number, or fp16's loss scale as a 0-dim tensor) times the batch's
+        loss; return the unscaled loss and other figures, as numbers or as `device_figure`s (which the
+        trainer reads only when it logs)."""
 
     def export(self, path: Path) -> None:
         """Save the usable model (without training-only heads) to `path`, atomically."""
@@ -84,6 +86,12 @@ def _parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict
             parameter
         )
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def fused_on(device: torch.device) -> dict[str, bool]:
+    """AdamW's options on `device`: on a GPU its fused kernel (one launch for every parameter, where the
+    default runs several per group of tensors); elsewhere torch's default."""
+    return {"fused": True} if device.type == "cuda" else {}
 
 
 def linear_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
@@ -126,8 +134,9 @@ class Trainer:
         self.device = next(task.module.parameters()).device
         self.parameters = [p for p in task.module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            _parameter_groups(task.module, optim.weight_decay), lr=optim.learning_rate
-        )
+            _parameter_groups(task.module, optim.weight_decay), lr=optim.learning_rate,
+            **fused_on(self.device),
+        )  # fmt: skip
         self.micro_per_epoch = task.steps_per_epoch()
         steps_per_epoch = max(1, self.micro_per_epoch // optim.grad_accumulation)
         self.total_steps = optim.max_steps or max(1, math.ceil(optim.epochs * steps_per_epoch))
@@ -159,11 +168,14 @@ class Trainer:
     def _position(self, micro_step: int) -> tuple[int, int]:
         return divmod(micro_step, self.micro_per_epoch)
 
-    def _one_step(self) -> dict[str, float]:
+    def _one_step(self) -> dict[str, Figure]:
+        """One optimizer step; its figures (the task's, the gradient norm) stay where they were computed
+        until the log line reads them (`device_figure`), so that a step never waits for the GPU."""
         accumulation = self.optim.grad_accumulation
         self.optimizer.zero_grad(set_to_none=True)
-        figures: dict[str, float] = {}
-        loss_scale = self.scaler.get_scale() if self.scaler is not None else 1.0
+        figures: dict[str, Figure] = {}
+        # fp16's loss scale as a tensor on the device: get_scale() would read it, waiting for the GPU
+        loss_scale = self.scaler.scale(torch.ones((), device=self.device)) if self.scaler is not None else 1.0
         for micro in range(accumulation):
             epoch, index = self._position(self.state["step"] * accumulation + micro)
             result = self.task.forward_backward(self.task.batch(epoch, index), loss_scale / accumulation)
@@ -173,7 +185,7 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         limit = self.optim.max_grad_norm or float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, limit))
+        grad_norm = device_figure(torch.nn.utils.clip_grad_norm_(self.parameters, limit))
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -228,9 +240,11 @@ class Trainer:
                 window_steps += 1
                 step = self.state["step"]
                 if training_log is not None and (step % self.log_every == 0 or step == self.total_steps):
+                    means = {key: float(value) / window_steps for key, value in window_sums.items()}
+                    # read after the figures: on a GPU, that is when the window's steps have finished
                     seconds = time.perf_counter() - window_start
+                    self.state["elapsed_s"] = time.perf_counter() - started
                     examples = window_steps * self.optim.batch_size * self.optim.grad_accumulation
-                    means = {key: value / window_steps for key, value in window_sums.items()}
                     training_log.write(
                         {"step": step, "epoch": round(step / self.steps_per_epoch, 4), **means, **boundary,
                          "lr": self.scheduler.get_last_lr()[0], "examples_per_s": examples / seconds,
