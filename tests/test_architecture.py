@@ -15,7 +15,6 @@ from pathlib import Path
 import grimp
 import numpy as np
 import pytest
-import torch
 
 import densekit
 from densekit.errors import DensekitError
@@ -100,46 +99,65 @@ def test_the_command_line_shows_any_densekit_error_in_one_line_with_status_2(mon
     assert capsys.readouterr().err.strip() == "error: the thing asked for is refused"
 
 
-def test_the_module_kind_example_is_a_kind_file_and_every_kind_has_a_row_in_the_modules_doc():
+def test_every_kind_strategy_and_objective_has_its_row_in_its_doc():
     from densekit.models.modules.kind import MODULE_KINDS
+    from densekit.pretraining.tasks import TASKS
+    from densekit.routing.strategies import STRATEGIES
 
-    example = design_example("src/densekit/models/modules/kinds/prompt.py")
-    assert example == (ROOT / "src/densekit/models/modules/kinds/prompt.py").read_text(encoding="utf-8")
-    modules_doc = (ROOT / "docs" / "modules.md").read_text(encoding="utf-8")
+    modules_doc, routing_doc, pretraining_doc = (
+        (ROOT / "docs" / name).read_text(encoding="utf-8")
+        for name in ("modules.md", "routing.md", "pretraining.md")
+    )
     assert [name for name in MODULE_KINDS if f"\n| `{name}` (" not in modules_doc] == []
+    assert [name for name in STRATEGIES if f"\n| {name} |" not in routing_doc] == []
+    assert [name for name in TASKS if f"\n| `{name}` |" not in pretraining_doc] == []
 
 
-def test_the_pretraining_example_is_the_mlm_task():
-    example = design_example("src/densekit/pretraining/mlm.py")
-    assert example == (ROOT / "src/densekit/pretraining/mlm.py").read_text(encoding="utf-8")
+REGISTRY_PACKAGES = {  # each extension point's package of one file a piece, and the package above it
+    "densekit.models.modules.kinds": "densekit.models.modules",
+    "densekit.routing.strategies": "densekit.routing",
+    "densekit.pretraining.objectives": "densekit.pretraining",
+}
 
 
-def test_the_routing_strategy_example_routes_as_it_says_and_every_strategy_has_a_row_in_the_routing_doc(
-    tiny_model: Path, monkeypatch
-):
-    from densekit.models import DenseEncoder
-    from densekit.routing import strategies
-    from densekit.routing.route import Route
+def test_a_new_file_in_a_registry_package_needs_no_edit_of_the_import_contracts():
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = {contract["containers"][0]: contract for contract in contracts if contract["type"] == "layers"}
+    independent = {name for c in contracts if c["type"] == "independence" for name in c["modules"]}
+    for package, parent in REGISTRY_PACKAGES.items():
+        named = {n.strip() for layer in layers[parent]["layers"] for n in layer.split("|")}
+        assert package.rsplit(".", 1)[1] in named, package  # the package is one layer, its files inside it
+        assert not any("." in name for name in named), parent  # no layer names a file of the package
+    assert independent == {"densekit.models.modules.kinds.*", "densekit.routing.strategies.*"}
 
-    from .test_modules import TEXTS, put_module
 
-    routing_doc = (ROOT / "docs" / "routing.md").read_text(encoding="utf-8")
-    assert [name for name in strategies.STRATEGIES if f"\n| {name} |" not in routing_doc] == []
-    # the example's strategy is registered for this test only
-    monkeypatch.setattr(strategies, "STRATEGIES", dict(strategies.STRATEGIES))
-    exec(design_example("exec in densekit.routing.strategies"), dict(vars(strategies)))
-    encoder = DenseEncoder.load(tiny_model, pooling="mean", normalize=True).eval()
-    for seed, name in enumerate("ab"):
-        put_module(encoder, "query-lora", name, seed=seed)
-    encoder.activate(None)
-    spec = strategies.RouteSpec.model_construct(type="uniform", modules=["a", "b"])
-    spec.check()
-    uniform = Route(encoder, spec)
-    ids, mask = encoder.pad(encoder.tokenize(TEXTS, "query")).values()
-    with torch.no_grad():
-        expected = strategies.routed_vectors(encoder, ["a", "b"], torch.full((len(TEXTS), 2), 0.5), ids, mask)
-    assert uniform.router is None
-    assert np.allclose(uniform.encode_queries(TEXTS), expected.numpy(), atol=1e-6)
+def test_each_how_to_add_example_is_a_new_file_its_registry_package_would_find():
+    # tests/test_extension_points.py runs each as the one new file of a copy of the package
+    examples = [
+        design_example("new file src/densekit/models/modules/kinds/ln_tuning.py"),
+        design_example("new file src/densekit/routing/strategies/mixture.py"),
+        design_example("new file src/densekit/pretraining/objectives/cropping.py"),
+    ]
+    paths = re.findall(r"<!-- example: new file (\S+) -->", DESIGN)
+    assert len(paths) == len(examples)
+    for path, code in zip(paths, examples, strict=True):
+        assert not (ROOT / path).exists(), path
+        assert ".".join(Path(path).parent.parts[1:]) in REGISTRY_PACKAGES, path
+        compile(code, path, "exec")
+
+
+def test_no_registered_piece_is_tested_by_its_name_outside_its_own_file():
+    from densekit.models.modules.kind import MODULE_KINDS
+    from densekit.pretraining.tasks import TASKS
+    from densekit.routing.strategies import STRATEGIES
+
+    names = "|".join(re.escape(name) for name in [*MODULE_KINDS, *STRATEGIES, *TASKS])
+    compared = re.compile(rf"""(==|!=|\bin)\s*[(\[{{]?\s*["']({names})["']|["']({names})["']\s*(==|!=)""")
+    tested = [f"{path.relative_to(ROOT)}:{number}" for path in sorted((ROOT / "src").rglob("*.py"))
+              if not any(part in path.parts for part in ("kinds", "strategies", "objectives"))
+              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+              if compared.search(line) and not line.lstrip().startswith("for ")]  # fmt: skip
+    assert tested == []
 
 
 def test_the_index_backend_example_imports_as_a_backend_file_may():

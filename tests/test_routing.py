@@ -14,16 +14,10 @@ from densekit.models import DenseEncoder
 from densekit.models.averaging import average_modules
 from densekit.models.merge import merged_encoder
 from densekit.routing.route import Route
-from densekit.routing.strategies import (
-    STRATEGIES,
-    Router,
-    RouteSpec,
-    check_query_only,
-    fixed_weights,
-    load_balancing_loss,
-    routed_vectors,
-    soft_weights,
-)
+from densekit.routing.router import Router, load_balancing_loss, soft_weights
+from densekit.routing.strategies import STRATEGIES, RouteSpec
+from densekit.routing.strategies.fixed import fixed_weights
+from densekit.routing.strategy import check_query_only, routed_vectors
 from densekit.training.modules import prepare_route
 
 from .test_modules import TEXTS, embeddings, put_module, spec_of
@@ -302,6 +296,51 @@ def test_a_saved_route_loads_to_the_same_routed_vectors_and_refuses_a_changed_mo
     encoder.save(tmp_path / "b")
     with pytest.raises(ValueError, match=r"module 'b' .* changed since the route was made"):
         Route.load(tmp_path / "route")
+
+
+# The spec of each route of `route_of` as densekit saved it when one flat spec held every strategy's
+# settings (written by the code of commit 69f8413, before each strategy had a spec of its own): route
+# folders made then must load, and routes made now must be saved (and fingerprinted) the same way.
+FLAT_SPECS = {
+    "fixed": '{"type":"fixed","modules":["a","b","c"],"domains":{"x":"a","y":"b","z":"c"},'
+    '"fallback":null,"k":null}',
+    "soft": '{"type":"soft","modules":["a","b","c"],"domains":{},"fallback":null,"k":null}',
+    "top_k": '{"type":"top_k","modules":["a","b","c"],"domains":{},"fallback":null,"k":2}',
+    "fusion": '{"type":"fusion","modules":["a","b","c"],"domains":{},"fallback":null,"k":null}',
+}
+
+
+@pytest.mark.parametrize("strategy", list(FLAT_SPECS))
+def test_a_route_folder_saved_with_the_flat_spec_loads_to_the_same_route(
+    encoder: DenseEncoder, tmp_path: Path, strategy: str
+):
+    from densekit.io.artefact import artefact_dir
+    from densekit.routing.route import ROUTE_FILE, ROUTE_KIND, ROUTER_WEIGHTS
+
+    folders = {}
+    for name in "abc":
+        encoder.activate(name)
+        encoder.save(tmp_path / name)
+        folders[name] = tmp_path / name
+    encoder.activate(None)
+    torch.manual_seed(0)
+    route = route_of(encoder, strategy)
+    assert route.spec.model_dump_json() == FLAT_SPECS[strategy]  # what the route's fingerprint digests
+    route.save(tmp_path / "route", folders)
+    saved = json.loads((tmp_path / "route" / ROUTE_FILE).read_text())
+    assert saved["spec"] == json.loads(FLAT_SPECS[strategy])
+
+    # the folder as the flat spec's code wrote it: its spec, the saved base, modules and router
+    old = {**saved, "spec": json.loads(FLAT_SPECS[strategy])}
+    with artefact_dir(tmp_path / "old", ROUTE_KIND, {"route": route.fingerprint()}) as written:
+        (written / ROUTE_FILE).write_text(json.dumps(old, indent=2), encoding="utf-8")
+        if (tmp_path / "route" / ROUTER_WEIGHTS).exists():
+            (written / ROUTER_WEIGHTS).write_bytes((tmp_path / "route" / ROUTER_WEIGHTS).read_bytes())
+    loaded = Route.load(tmp_path / "old")
+    assert type(loaded.spec) is STRATEGIES[strategy].spec and loaded.spec == route.spec
+    assert loaded.fingerprint() == route.fingerprint()
+    domains = domains_for(route)
+    assert np.array_equal(loaded.encode_queries(QUERIES, domains), route.encode_queries(QUERIES, domains))
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))

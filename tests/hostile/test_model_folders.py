@@ -639,7 +639,7 @@ def test_a_route_of_a_million_modules_is_refused_before_any_is_loaded(folders, t
     start = time.monotonic()
     with pytest.raises(DataError) as err:
         Route.load(folder)
-    one_line(err.value, "spec.modules: List should have at most 256 items")
+    one_line(err.value, "spec.fixed.modules: List should have at most 256 items")
     assert time.monotonic() - start < 20
 
 

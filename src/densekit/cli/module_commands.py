@@ -90,7 +90,8 @@ def route(
     --overwrite."""
     from densekit.io.outputs import check_artefact_output
     from densekit.routing.route import ROUTE_KIND, Route
-    from densekit.routing.strategies import BASE, RouteSpec
+    from densekit.routing.strategies import RouteSpec
+    from densekit.routing.strategy import BASE
 
     _check_output(output, modules)
     pairs = {}

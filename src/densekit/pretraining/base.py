@@ -1,8 +1,12 @@
-"""What every pre-training objective shares: its batches of masked documents and its loss plumbing.
+"""What every pre-training objective shares: its batches of masked documents and its loss plumbing, and
+the registry of objectives (`TASKS`), as module kinds and routing strategies have theirs.
 
-Each objective (`mlm.py`, `condenser.py`, `cocondenser.py`, `retromae.py`) is a subclass that says
-which sequences a document gives, what else a row holds, and which losses the batch has; this base
-makes it the trainer's `TrainingTask` (module, steps_per_epoch, batch, forward_backward, export).
+Each objective is one file of `densekit.pretraining.objectives`: a subclass, registered with
+`@register_objective`, that says which sequences a document gives, what else a row holds, and which
+losses the batch has; this base makes it the trainer's `TrainingTask` (module, steps_per_epoch, batch,
+forward_backward, export). What the run and the config need to know of an objective are class
+attributes here (`name`, `settings`, `whole_documents`, `takes_grad_cache`) and `check`, never a test
+of its name.
 """
 
 from __future__ import annotations
@@ -10,18 +14,20 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from densekit.device import autocast
 from densekit.pretraining.backbone import MaskedLanguageModel
-from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.corpus import TokenizedCorpus
 from densekit.pretraining.masking import IGNORE
 from densekit.pretraining.sequences import SequenceMaker, pad
+from densekit.pretraining.settings import PretrainSettings
+from densekit.registry import Registry
 from densekit.training import distributed
+from densekit.training.config import Section
 from densekit.training.sampling import local_batch_rows
 
 Row = dict[str, Any]
@@ -39,13 +45,25 @@ def labelled_count(labels: torch.Tensor) -> float:
 
 
 class PretrainTask(ABC):
-    """One pre-training objective as a trainer task; subclasses give `losses` (and may change the rest)."""
+    """One pre-training objective as a trainer task; subclasses give `losses` (and may change the rest).
+
+    A subclass sets `name` (the `method` a config names it by), `settings` (the class of its section of
+    the config, named after it; None when it has none), `whole_documents` (whether it reads documents
+    whole, not cut to the sequence length before its `pieces` are taken) and `takes_grad_cache` (whether
+    `grad_cache` applies to it), and may refuse a config in `check`. Its `__init__` takes the
+    backbone, the corpus and the config; register it with `@register_objective`.
+    """
+
+    name: ClassVar[str]
+    settings: ClassVar[type[Section] | None] = None
+    whole_documents: ClassVar[bool] = False
+    takes_grad_cache: ClassVar[bool] = False
 
     def __init__(
         self,
         mlm: MaskedLanguageModel,
         corpus: TokenizedCorpus,
-        config: PretrainConfig,
+        config: PretrainSettings,
         module: torch.nn.Module,
     ):
         self.mlm = mlm
@@ -55,6 +73,11 @@ class PretrainTask(ABC):
         self.sequences = SequenceMaker.for_tokenizer(mlm.tokenizer, config.model.max_length, mlm.source)
         if len(corpus) < config.optim.batch_size:
             raise ValueError(f"{len(corpus)} documents are fewer than one batch of {config.optim.batch_size}")
+
+    @classmethod
+    def check(cls, config: PretrainSettings) -> None:
+        """Refuse a config this objective cannot run (`ValueError`, one line), as the config is read."""
+        return None
 
     def steps_per_epoch(self) -> int:
         """Global batches per epoch."""
@@ -142,3 +165,9 @@ class PretrainTask(ABC):
     def export(self, path: Path) -> None:
         """Save the backbone alone as a densekit encoder (CLS pooling)."""
         self.mlm.export(path, self.config.model.max_length)
+
+
+TASKS: Registry[type[PretrainTask]] = Registry("pre-training method", lambda cls: cls.name)
+# `@register_objective` registers an objective under its `name`; `TASKS.named` finds it, an unknown name
+# an error that lists the known ones
+register_objective = TASKS.register

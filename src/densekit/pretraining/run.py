@@ -9,7 +9,7 @@ from densekit.io.lock import holding
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.corpus import read_texts, tokenize_corpus
-from densekit.pretraining.tasks import make_task
+from densekit.pretraining.tasks import TASKS, make_task
 from densekit.training import distributed
 from densekit.training.run import start_run
 from densekit.training.trainer import Trainer
@@ -31,11 +31,10 @@ def run_pretraining(
     texts = read_texts(Path(config.data.path))  # bad input fails here, before the folder is touched
     device, config_yaml, resumed = start_run(config, output, RUN_KIND, resume, overwrite)
     mlm = MaskedLanguageModel.load(config.model.path, config.model.trust_remote_code)
-    whole_documents = config.method == "cocondenser"
     corpus = tokenize_corpus(
         texts,
         mlm.tokenizer,
-        None if whole_documents else config.model.max_length - 2,
+        None if TASKS.named(config.method).whole_documents else config.model.max_length - 2,
         show_progress and distributed.is_main(),
     )
     task = make_task(mlm, corpus, config)

@@ -30,7 +30,8 @@ from densekit.models.fingerprint import tensors_fingerprint
 from densekit.models.loading import read_safetensors, validated_file
 from densekit.models.modules.module import BaseRecord, read_module_file
 from densekit.models.modules.tower import state_mismatch
-from densekit.routing.strategies import RouteSpec, base_vectors, check_query_only
+from densekit.routing.strategies import AnyRouteSpec, RouteSpec
+from densekit.routing.strategy import base_vectors, check_query_only
 
 ROUTE_FILE = "densekit-route.json"
 ROUTE_KIND = "route"
@@ -51,7 +52,7 @@ class RouteFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    spec: RouteSpec
+    spec: AnyRouteSpec
     base: BaseRecord
     modules: dict[str, SavedModule]
     settings: EncoderConfig

@@ -11,7 +11,8 @@ from densekit.mining.filters import MiningSettings
 from densekit.models.config import Pooling, Widths
 from densekit.models.modules.kinds.lora import LoraSpec
 from densekit.models.modules.specs import ModuleSpec
-from densekit.routing.strategies import RouteSpec, TopK, TrainableType, strategy_named
+from densekit.routing.router import TopK
+from densekit.routing.strategies import RouteSpec, TrainableType, strategy_named
 from densekit.training.groups import Shortfall
 from densekit.training.trackers import TrackerName
 
@@ -237,7 +238,7 @@ class AnceSection(Section):
 class RouteSection(Section):
     """Train a router among saved query-only modules on the frozen base: the modules and the base stay as
     they are; only the router learns, from the retrieval loss and a load-balancing term. Its type and k
-    are a route spec's (`densekit.routing.strategies`), checked by the same strategy."""
+    are a route spec's (`densekit.routing.strategies`), checked by that spec."""
 
     type: TrainableType = "soft"
     modules: dict[str, str] = Field(
@@ -256,7 +257,7 @@ class RouteSection(Section):
 
     @model_validator(mode="after")
     def _settings_of_its_type(self) -> RouteSection:
-        RouteSpec.model_construct(type=self.type, modules=list(self.modules), k=self.k).check()
+        self.spec()
         if not strategy_named(self.type).balanced and "load_balancing" in self.model_fields_set:
             raise ValueError(f"route.load_balancing: a {self.type} has no load-balancing term")
         return self

@@ -9,8 +9,7 @@ import torch
 
 from densekit.data.examples import TrainingExample
 from densekit.models.encoder import DenseEncoder
-from densekit.models.modules.kind import kind_of
-from densekit.models.modules.kinds.sparse_diff import SparseDiffSpec, choose_sparse_indices, sparse_targets
+from densekit.models.modules.kind import ModuleKind, kind_of
 from densekit.models.modules.module import EncoderModule
 from densekit.routing.hypernetwork import HyperSpec, LoraHypernetwork
 from densekit.routing.route import Route
@@ -23,8 +22,8 @@ log = logging.getLogger("densekit")
 def prepare_module(encoder: DenseEncoder, spec: Any, task: Any) -> EncoderModule:
     """Put the module `spec` describes on `encoder`, active and the only thing that trains, and say how
     much trains. A module loaded with the model (a module folder as `model.path`) continues training
-    when it is the one `spec` describes; a sparse difference chooses its positions from the gradients
-    of the first `selection_batches` batches of `task`."""
+    when it is the one `spec` describes; a kind that chooses its positions from gradients (a sparse
+    difference) chooses them from the first `selection_batches` batches of `task`."""
     loaded = encoder.module
     if loaded is not None:
         if loaded.spec != spec:
@@ -35,8 +34,8 @@ def prepare_module(encoder: DenseEncoder, spec: Any, task: Any) -> EncoderModule
             )
         module = loaded
     else:
-        chosen = kind_of(spec).positions_from_gradients
-        indices = _choose_sparse_positions(encoder, spec, task) if chosen else None
+        kind = kind_of(spec)
+        indices = _choose_positions(encoder, kind, spec, task) if kind.positions_from_gradients else None
         module = encoder.new_module(spec, indices)
     trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
     backbones = {*encoder.query_backbone.parameters(), *encoder.passage_backbone.parameters()}
@@ -48,16 +47,16 @@ def prepare_module(encoder: DenseEncoder, spec: Any, task: Any) -> EncoderModule
     return module
 
 
-def _choose_sparse_positions(
-    encoder: DenseEncoder, spec: SparseDiffSpec, task: Any
+def _choose_positions(
+    encoder: DenseEncoder, kind: ModuleKind, spec: Any, task: Any
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Sum each target weight's gradient magnitudes over the first batches (without dropout, so a
-    resumed run chooses the same), averaged over processes, and keep the largest `density` share; a
-    tied encoder's towers get the same positions."""
+    resumed run chooses the same), averaged over processes, and let the kind choose from them (a sparse
+    difference keeps the largest `density` share); a tied encoder's towers get the same positions."""
     backbones = {"query": encoder.query_backbone}
     if spec.towers == "separate" and not encoder.config.tied:
         backbones["passage"] = encoder.passage_backbone
-    targets = {kind: sparse_targets(backbone, spec) for kind, backbone in backbones.items()}
+    targets = {tower: kind.gradient_targets(backbone, spec) for tower, backbone in backbones.items()}
     weights = [weight for by_name in targets.values() for weight in by_name.values()]
     for parameter in encoder.parameters():
         parameter.requires_grad_(False)
@@ -79,8 +78,8 @@ def _choose_sparse_positions(
         weight.grad = None
         weight.requires_grad_(False)
     chosen = {
-        kind: choose_sparse_indices({name: scores[id(w)] for name, w in by_name.items()}, spec.density)
-        for kind, by_name in targets.items()
+        tower: kind.positions_from_scores({name: scores[id(w)] for name, w in by_name.items()}, spec)
+        for tower, by_name in targets.items()
     }
     if spec.towers == "separate":
         chosen.setdefault("passage", chosen["query"])

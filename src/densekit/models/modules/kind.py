@@ -1,5 +1,6 @@
 """What a kind of module is: its settings (a spec), and a class that builds, saves, loads, folds and
-averages modules of it, registered under the spec's `type` (PEFT's `register_peft_method` pattern).
+averages modules of it, registered under the spec's `type` in a `densekit.registry.Registry` (PEFT's
+`register_peft_method` pattern, the shape of every extension point of densekit's).
 
 A kind is one file in `densekit.models.modules.kinds`: a spec class (a `BaseSpec` whose `type` is a
 one-value `Literal`, the kind's name) and a `ModuleKind` subclass decorated with `@register_module_kind`.
@@ -22,6 +23,7 @@ from transformers import PreTrainedModel
 
 from densekit.errors import DensekitError
 from densekit.models.modules.tower import Tower
+from densekit.registry import Registry, spec_type
 
 Towers = Literal["shared", "separate", "query"]
 MAX_PATTERN_CHARS = 1000  # a regular expression naming layers; BERT's longest default is 48 characters
@@ -85,7 +87,8 @@ class ModuleKind(ABC):
     the base's: prefix and prompt tuning add inputs, so theirs is not), `averages_across_settings`
     (whether modules of other settings average, as LoRA's weight changes add up), `size_setting` (the
     setting named when a module would outgrow its base) and `positions_from_gradients` (whether
-    training chooses the positions it changes, as a sparse difference's, before it builds it).
+    training chooses the positions it changes, as a sparse difference's, before it builds it: from the
+    gradients of its `gradient_targets`, by `positions_from_scores`).
 
     It implements `build` and `parameters`; the families implement `save`, `load` and `fold`
     (`PeftKind` for the kinds peft provides, `OwnKind` for densekit's own).
@@ -102,7 +105,7 @@ class ModuleKind(ABC):
     @property
     def name(self) -> str:
         """The kind's name: the `type` its spec takes."""
-        return kind_name(self.spec)
+        return spec_type(self.spec)
 
     @abstractmethod
     def build(self, base: PreTrainedModel, spec: Any, positions: Positions | None = None) -> Tower:
@@ -132,6 +135,17 @@ class ModuleKind(ABC):
         tuning's virtual tokens)."""
         return 0
 
+    def gradient_targets(self, base: torch.nn.Module, spec: Any) -> dict[str, torch.nn.Parameter]:
+        """The weights of `base`, by layer name, whose gradients over a module's first
+        `spec.selection_batches` batches choose its positions; only a `positions_from_gradients` kind
+        chooses them."""
+        raise ValueError(f"a {self.name} module does not choose its positions from gradients")
+
+    def positions_from_scores(self, scores: dict[str, torch.Tensor], spec: Any) -> Positions:
+        """The positions a module of `spec` changes, by layer name, from each of its `gradient_targets`'
+        summed gradient magnitudes."""
+        raise ValueError(f"a {self.name} module does not choose its positions from gradients")
+
     def fold(self, tower: Tower, base: torch.nn.Module) -> torch.nn.Module:
         """A standalone copy of `base` with `tower`'s module folded into its weights; the tower and the
         base are left as they are. Only a `mergeable` kind folds."""
@@ -159,29 +173,13 @@ class ModuleKind(ABC):
         return averaged
 
 
-MODULE_KINDS: dict[str, ModuleKind] = {}
-
-
-def kind_name(spec: type[BaseSpec]) -> str:
-    """The `type` a spec class takes: its field's one value."""
-    return str(spec.model_fields["type"].default)
-
-
-def register_module_kind(cls: type[ModuleKind]) -> type[ModuleKind]:
-    """Register a module kind under its spec's `type` (a class decorator); a name taken twice is an error."""
-    name = kind_name(cls.spec)
-    if name in MODULE_KINDS:
-        raise TypeError(f"module kind {name!r} is registered twice")
-    MODULE_KINDS[name] = cls()
-    return cls
-
-
-def kind_named(name: str) -> ModuleKind:
-    """The registered kind called `name`; an unknown one is an error naming it and the known ones."""
-    kind = MODULE_KINDS.get(name)
-    if kind is None:
-        raise ModuleError(f"no module kind {name!r}; densekit has {', '.join(MODULE_KINDS)}")
-    return kind
+MODULE_KINDS: Registry[ModuleKind] = Registry(
+    "module kind", lambda cls: spec_type(cls.spec), lambda cls: cls(), unknown=ModuleError
+)
+# `@register_module_kind` registers a kind under its spec's `type`; `kind_named` finds it, an unknown name
+# an error that lists the known ones
+register_module_kind = MODULE_KINDS.register
+kind_named = MODULE_KINDS.named
 
 
 def kind_of(spec: Any) -> ModuleKind:

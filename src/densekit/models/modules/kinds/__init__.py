@@ -2,8 +2,6 @@
 package imports them all, in the order of their file names, so each registers itself. A new kind is one
 new file here."""
 
-import importlib
-import pkgutil
+from densekit.registry import import_every_module
 
-for _found in sorted(pkgutil.iter_modules(__path__), key=lambda found: found.name):
-    importlib.import_module(f"{__name__}.{_found.name}")
+import_every_module(__name__, __path__)

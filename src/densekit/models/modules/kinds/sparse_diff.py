@@ -82,6 +82,12 @@ class SparseDiffKind(OwnKind):
             )
         return Tower(model, base, torch.nn.ModuleDict())
 
+    def gradient_targets(self, base: torch.nn.Module, spec: SparseDiffSpec) -> dict[str, torch.nn.Parameter]:
+        return sparse_targets(base, spec)
+
+    def positions_from_scores(self, scores: dict[str, torch.Tensor], spec: SparseDiffSpec) -> Positions:
+        return choose_sparse_indices(scores, spec.density)
+
     def parameters(self, base: torch.nn.Module, spec: SparseDiffSpec) -> int:
         return 0  # a change to a share of the base's own weights, no more
 

@@ -9,11 +9,21 @@ head is dropped afterwards; the backbone is the retriever.
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
 from densekit.pretraining.backbone import MaskedLanguageModel, init_like_bert
-from densekit.pretraining.base import PretrainTask
-from densekit.pretraining.config import CondenserSection, PretrainConfig
+from densekit.pretraining.base import PretrainTask, register_objective
 from densekit.pretraining.corpus import TokenizedCorpus
+from densekit.pretraining.settings import PretrainSettings
+from densekit.training.config import Section
+
+
+class CondenserSection(Section):
+    """Condenser: a head over [late CLS; early token states]."""
+
+    skip_from: int = Field(3, ge=1, description="the early states come from the output of this layer")
+    head_layers: int = Field(2, ge=1)
+    late_mlm_weight: float = Field(1.0, ge=0, description="weight of the MLM loss on the late output")
 
 
 class CondenserHead(torch.nn.Module):
@@ -83,12 +93,15 @@ class Condenser(torch.nn.Module):
         return self.mlm.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, 0]
 
 
+@register_objective
 class CondenserTask(PretrainTask):
     """Loss = MLM(head) + late_mlm_weight x MLM(late output), each averaged over the masked tokens."""
 
+    name = "condenser"
+    settings = CondenserSection
     module: Condenser
 
-    def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainConfig):
+    def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainSettings):
         super().__init__(mlm, corpus, config, Condenser(mlm, config.condenser))
 
     def losses(self, batch: dict[str, torch.Tensor], masked: float) -> dict[str, torch.Tensor]:

@@ -14,15 +14,27 @@ Total = decoder loss + encoder MLM. The decoder is dropped afterwards.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import torch
+from pydantic import Field
 
 from densekit.pretraining.backbone import MaskedLanguageModel, init_like_bert
-from densekit.pretraining.base import PretrainTask, Row, labelled_count
-from densekit.pretraining.config import PretrainConfig, RetroMAESection
+from densekit.pretraining.base import PretrainTask, Row, labelled_count, register_objective
 from densekit.pretraining.corpus import TokenizedCorpus
 from densekit.pretraining.masking import IGNORE, decoder_visibility
 from densekit.pretraining.sequences import pad
+from densekit.pretraining.settings import PretrainSettings
+from densekit.training.config import Section
+
+
+class RetroMAESection(Section):
+    """RetroMAE's decoder."""
+
+    decoding: Literal["enhanced", "basic"] = "enhanced"
+    visible_ratio: float = Field(0.5, gt=0, lt=1, description="enhanced: share of positions each row sees")
+    decoder_mask_ratio: float = Field(0.5, gt=0, lt=1, description="basic: share of decoder tokens masked")
 
 
 class TwoStreamLayer(torch.nn.Module):
@@ -97,12 +109,15 @@ class RetroMAE(torch.nn.Module):
         return encoder_loss, self.mlm.mlm_loss_sum(decoded, batch["decoder_labels"])
 
 
+@register_objective
 class RetroMAETask(PretrainTask):
     """Loss = encoder MLM (averaged over its masked tokens) + decoder loss (averaged over its targets)."""
 
+    name = "retromae"
+    settings = RetroMAESection
     module: RetroMAE
 
-    def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainConfig):
+    def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainSettings):
         super().__init__(mlm, corpus, config, RetroMAE(mlm, config.retromae))
 
     def row(self, ids: np.ndarray, word_ids: np.ndarray, rng: np.random.Generator) -> Row:

@@ -5,15 +5,18 @@ from __future__ import annotations
 import torch
 
 from densekit.pretraining.backbone import MaskedLanguageModel
-from densekit.pretraining.base import PretrainTask
-from densekit.pretraining.config import PretrainConfig
+from densekit.pretraining.base import PretrainTask, register_objective
 from densekit.pretraining.corpus import TokenizedCorpus
+from densekit.pretraining.settings import PretrainSettings
 
 
+@register_objective
 class MLMTask(PretrainTask):
     """Loss = MLM(last layer), averaged over the masked tokens."""
 
-    def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainConfig):
+    name = "mlm"
+
+    def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainSettings):
         super().__init__(mlm, corpus, config, mlm)
 
     def losses(self, batch: dict[str, torch.Tensor], masked: float) -> dict[str, torch.Tensor]:

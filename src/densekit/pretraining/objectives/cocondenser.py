@@ -13,17 +13,35 @@ import logging
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 
 from densekit.device import autocast
 from densekit.pretraining.backbone import MaskedLanguageModel
-from densekit.pretraining.condenser import CondenserTask
-from densekit.pretraining.config import PretrainConfig
+from densekit.pretraining.base import register_objective
 from densekit.pretraining.corpus import TokenizedCorpus
 from densekit.pretraining.masking import sample_span_pair
+from densekit.pretraining.objectives.condenser import CondenserTask
+from densekit.pretraining.settings import PretrainSettings
 from densekit.training import distributed
+from densekit.training.config import Section
 from densekit.training.grad_cache import cached_backward, split_inputs
 
 log = logging.getLogger("densekit")
+
+
+class CoCondenserSection(Section):
+    """coCondenser's corpus-level span contrast."""
+
+    span_min: int = Field(32, ge=4, description="fewest tokens in a span (special tokens excluded)")
+    span_max: int = Field(128, ge=4)
+    temperature: float = Field(1.0, gt=0)
+    contrastive_weight: float = Field(1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CoCondenserSection:
+        if self.span_min > self.span_max:
+            raise ValueError("span_min is larger than span_max")
+        return self
 
 
 def span_contrastive_loss(cls: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -54,10 +72,24 @@ def warn_if_spans_overlap(corpus: TokenizedCorpus, span_min: int, span_max: int)
         )  # fmt: skip
 
 
+@register_objective
 class CoCondenserTask(CondenserTask):
-    """Condenser's losses over two spans of each document, plus their contrast."""
+    """Condenser's losses over two spans of each document, plus their contrast. It takes Condenser's
+    settings (`condenser:`) as well as its own; its spans come from anywhere in a whole document, and
+    `grad_cache` computes its contrast chunk by chunk."""
 
-    def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainConfig):
+    name = "cocondenser"
+    settings = CoCondenserSection
+    whole_documents = True
+    takes_grad_cache = True
+
+    @classmethod
+    def check(cls, config: PretrainSettings) -> None:
+        """Refuse spans that, with their two special tokens, do not fit a sequence."""
+        if config.cocondenser.span_max + 2 > config.model.max_length:
+            raise ValueError("cocondenser.span_max + 2 special tokens exceed model.max_length")
+
+    def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainSettings):
         super().__init__(mlm, corpus, config)
         warn_if_spans_overlap(corpus, config.cocondenser.span_min, config.cocondenser.span_max)
 
