@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import grimp
-import numpy as np
 import pytest
 
 import densekit
