@@ -9,12 +9,17 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
+from fastapi.testclient import TestClient
 
 from densekit import Client
 from densekit.client import ServiceError
 from densekit.data.dataset import Dataset
+from densekit.encoding.embed import embed_texts
 from densekit.encoding.store import EmbeddingStore
+from densekit.models import DenseEncoder
+from densekit.models.dimensions import truncated
 from densekit.retrieval.retriever import Retriever
+from densekit.serving.app import create_app
 
 from .conftest import CORPUS, QUERIES
 from .service_fixtures import AUTH, TOKEN, client, serve_process
@@ -67,14 +72,70 @@ def test_the_openai_clients_embeddings_equal_densekit_encodes(served, service: s
     assert listed == {NAME, f"{NAME}:query", f"{NAME}:passage"}
 
 
+def test_the_openai_clients_dimensions_cut_the_vectors_as_densekit_encode_dimensions_does(
+    served, service: str
+):
+    _, _, model = served
+    openai_client = openai.OpenAI(base_url=f"{service}/v1", api_key=TOKEN)
+    texts = [d["text"] for d in CORPUS] + [q["text"] for q in QUERIES]
+    full = DenseEncoder.load(model).eval()
+
+    def embedded(kind: str, **request) -> np.ndarray:
+        answer = openai_client.embeddings.create(input=texts, model=f"{NAME}:{kind}", **request)
+        return np.array([item.embedding for item in answer.data], dtype=np.float32)
+
+    for width in (16, 5):
+        cut = DenseEncoder.load(model, dimensions=width).eval()  # as `densekit encode --dimensions` loads it
+        for kind in ("passage", "query"):
+            expected = embed_texts(cut, texts, kind)
+            # the full vectors cut and normalised again, as the model normalises its own
+            full_cut = truncated(embed_texts(full, texts, kind), width, normalize=True)
+            for formats in ({}, {"encoding_format": "float"}):  # the client asks for base64 unless told
+                got = embedded(kind, dimensions=width, **formats)
+                assert got.shape == (len(texts), width)
+                np.testing.assert_allclose(got, expected, atol=1e-6)
+                np.testing.assert_allclose(got, full_cut, atol=1e-6)
+                np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1, atol=1e-6)
+    own_width = embedded("passage", dimensions=32, encoding_format="float")
+    np.testing.assert_allclose(own_width, embed_texts(full, texts, "passage"), atol=1e-6)
+
+
+def test_a_matryoshka_model_serves_only_the_widths_it_was_trained_for(served):
+    data, index, model = served
+    encoder = DenseEncoder.load(model).eval()
+    # what loading a model of Matryoshka training gives (tests/test_matryoshka.py)
+    encoder.config = encoder.config.model_copy(update={"matryoshka_dims": [32, 16, 8]})
+    with TestClient(create_app(Retriever.over(encoder, index, data), TOKEN, model_name=NAME)) as http:
+
+        def embed(dimensions: int):
+            body = {"input": ["a", "b"], "model": NAME, "dimensions": dimensions}
+            return http.post("/v1/embeddings", json=body, headers=AUTH)
+
+        untrained, trained, above = embed(12), embed(8), embed(64)
+        info = http.get("/info", headers=AUTH).json()
+    assert untrained.status_code == 400
+    message = f"dimensions 12: model '{NAME}' was trained (Matryoshka) for 32, 16, 8 dimensions; choose one "
+    message += "of those"
+    assert untrained.json()["error"] == {
+        "message": message, "type": "invalid_request_error", "param": None, "code": None
+    }  # fmt: skip
+    assert trained.status_code == 200
+    assert [len(item["embedding"]) for item in trained.json()["data"]] == [8, 8]
+    assert above.status_code == 400 and "choose 32 or fewer" in above.json()["error"]["message"]
+    assert (info["dimension"], info["dimensions"], info["matryoshka_dims"]) == (32, None, [32, 16, 8])
+
+
 def test_the_openai_client_hears_each_refusal_in_its_own_shape(service: str):
     openai_client = openai.OpenAI(base_url=f"{service}/v1", api_key=TOKEN, max_retries=0)
     with pytest.raises(openai.NotFoundError, match=f"'nope' is not served here .*'{NAME}:query'"):
         openai_client.embeddings.create(input="x", model="nope")
     with pytest.raises(openai.UnprocessableEntityError, match="token ids are not accepted"):
         openai_client.embeddings.create(input=[[101, 102]], model=NAME)
-    with pytest.raises(openai.UnprocessableEntityError, match="dimensions=7: this model gives 32"):
-        openai_client.embeddings.create(input="x", model=NAME, dimensions=7)
+    with pytest.raises(openai.BadRequestError, match=f"^.*dimensions 33: model '{NAME}' makes 32-dimensional "
+                       "vectors; choose 32 or fewer"):  # fmt: skip
+        openai_client.embeddings.create(input="x", model=NAME, dimensions=33)
+    with pytest.raises(openai.UnprocessableEntityError, match="dimensions=0: ask for 1 to 32"):
+        openai_client.embeddings.create(input="x", model=NAME, dimensions=0)
     with pytest.raises(openai.UnprocessableEntityError, match="input 1 is empty"):
         openai_client.embeddings.create(input=["x", " "], model=NAME)
     with pytest.raises(openai.AuthenticationError, match="bearer token"):
@@ -101,8 +162,6 @@ def test_embeddings_are_held_to_the_search_limits(served, retriever: Retriever):
 def test_a_served_module_is_an_embeddings_model_of_its_own(served, tmp_path: Path):
     from densekit.encoding.corpus import encode_corpus
     from densekit.index import IndexSpec, build_index
-    from densekit.models import DenseEncoder
-    from densekit.serving.app import create_app
 
     from .test_modules import put_module
 
@@ -115,16 +174,12 @@ def test_a_served_module_is_an_embeddings_model_of_its_own(served, tmp_path: Pat
     encoder.activate(None)
     base_retriever = Retriever.over(encoder, index, data)
     texts = [d["text"] for d in CORPUS[:3]]
-    from fastapi.testclient import TestClient
-
     with TestClient(create_app([base_retriever, module_retriever], TOKEN, model_name="base")) as http:
         by_module = http.post("/v1/embeddings", json={"input": texts, "model": "extra:passage"}, headers=AUTH)
         by_base = http.post("/v1/embeddings", json={"input": texts, "model": "base"}, headers=AUTH)
     module_vectors = np.array([item["embedding"] for item in by_module.json()["data"]])
     base_vectors = np.array([item["embedding"] for item in by_base.json()["data"]])
     encoder.activate("extra")
-    from densekit.encoding.embed import embed_texts
-
     np.testing.assert_allclose(module_vectors, embed_texts(encoder, texts, "passage"), atol=1e-5)
     encoder.activate(None)
     np.testing.assert_allclose(base_vectors, embed_texts(encoder, texts, "passage"), atol=1e-5)

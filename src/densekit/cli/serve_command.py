@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from densekit.cli.options import ModelArg, check_index_folder, check_model_name
+from densekit.cli.options import ModelArg, check_index_folder, check_model_name, load_model
 from densekit.cli.serve_options import API_KEY_VARIABLE, Access, Served, with_serve_options
+from densekit.models.config import EncoderOptions
 from densekit.serving.settings import Batching, ConnectionLimits, Limits
 
 if TYPE_CHECKING:
@@ -212,7 +213,8 @@ def serve(
                                      backend, served.precision)  # fmt: skip
         from densekit.serving.app import create_app
 
-        retrievers = _retrievers(model, index_dir, served.corpus, served.module, extra, served.device,
+        options = EncoderOptions(module=served.module, dimensions=served.dimensions)
+        retrievers = _retrievers(model, index_dir, served.corpus, options, extra, served.device,
                                  served.mmap_index)  # fmt: skip
         if backend == "onnx" and retrievers[0].route is not None:
             raise ValueError(f"--backend {backend} serves one model and its index: not a route")
@@ -229,21 +231,24 @@ def _retrievers(
     model: str,
     index_dir: Path,
     corpus: Path | None,
-    module: Path | None,
+    options: EncoderOptions,
     extra: list[tuple[Path, Path]],
     device: str,
     mmap_index: bool,
 ) -> list[Retriever]:
-    """The retriever of MODEL (with `module`) over `index_dir`, and one per `--module-index` pair (module
-    folder, index folder) sharing its encoder, the first module active."""
+    """The retriever of MODEL, loaded with `options` (its module, its `--dimensions`), over `index_dir`,
+    and one per `--module-index` pair (module folder, index folder) sharing its encoder, the first module
+    active; each index must hold vectors as the encoder makes them (`retrieval.dense.check_compatible`)."""
     from densekit.retrieval.retriever import Retriever
 
+    encoder, route = load_model(model, device, options)
+    if route is None:
+        encoder.eval()
     retrievers = [
-        Retriever.open(model, index_dir, corpus, module, device, show_progress=True, mmap_index=mmap_index)
+        Retriever.over(encoder, index_dir, corpus, show_progress=True, route=route, mmap_index=mmap_index)
     ]
     if retrievers[0].route is not None and extra:
         raise ValueError(f"{model} is a route: it serves its modules itself; --module-index does not apply")
-    encoder = retrievers[0].encoder
     for module_dir, extra_index in extra:
         encoder.load_module(module_dir)  # shares the base; activated while its retriever is checked
         retrievers.append(

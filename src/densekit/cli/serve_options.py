@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from densekit.cli.options import BackendOpt, DeviceOpt, MmapIndexOpt, ModuleOpt
+from densekit.cli.options import BackendOpt, DeviceOpt, DimensionsOpt, MmapIndexOpt, ModuleOpt
 from densekit.serving.settings import Batching, ConnectionLimits, Limits
 
 API_KEY_VARIABLE = "DENSEKIT_API_KEY"
@@ -63,11 +63,13 @@ def with_option_groups(*groups: OptionGroup) -> Callable[[Callable[..., None]], 
 
 @dataclass(frozen=True)
 class Served:
-    """What `serve` serves besides MODEL and INDEX_DIR, and how it encodes."""
+    """What `serve` serves besides MODEL and INDEX_DIR, and how it encodes (`dimensions`: the width its
+    vectors are cut to, which its indexes must hold)."""
 
     corpus: Path | None
     module: Path | None
     module_index: list[str]
+    dimensions: int | None
     device: str
     mmap_index: bool
     backend: str
@@ -104,6 +106,7 @@ SERVED = OptionGroup("served", {
     "module_index": _option(list[str] | None, None, "Serve another module of MODEL too, as "
                             "MODULE_DIR=INDEX_DIR (its own index); repeatable. Requests choose it by the "
                             "module's name.", "--module-index"),
+    "dimensions": (DimensionsOpt, None),
     "device": (DeviceOpt, "auto"),
     "mmap_index": (MmapIndexOpt, False),
     "backend": (BackendOpt, "torch"),

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.utils import is_body_allowed_for_status_code
 from starlette.exceptions import HTTPException
 
+from densekit.models.dimensions import DimensionsError
 from densekit.retrieval.documents import DocumentsUnavailable
 from densekit.retrieval.retriever import IndexChanged
 from densekit.serving import openai_api
@@ -56,9 +57,10 @@ class ErrorAnswer:
 
 
 ERRORS: dict[type[Exception], ErrorAnswer] = {
-    LimitError: ErrorAnswer(422),  # a limit passed, or a module, domain or dimension not served
+    LimitError: ErrorAnswer(422),  # a limit passed, or a module or domain not served
     Unencodable: ErrorAnswer(422),  # a text the tokenizer refused
     openai_api.UnknownModel: ErrorAnswer(404),
+    DimensionsError: ErrorAnswer(400),  # `dimensions` above the vectors served, or not trained for
     Overloaded: ErrorAnswer(429, headers=_retry_after),  # the queue is full: come back then
     TimedOut: ErrorAnswer(503, headers=_retry_after),  # not answered within --request-timeout
     IndexChanged: ErrorAnswer(503),  # a mapped index file changed under the service

@@ -12,6 +12,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from densekit.errors import DensekitError
+from densekit.models.dimensions import check_dimensions
+from densekit.models.encoder import DenseEncoder
 from densekit.retrieval.retriever import Retriever
 from densekit.serving.checks import LimitError, only_a_number, shown
 
@@ -26,7 +28,8 @@ TOKEN_IDS_REFUSED = (
 class EmbeddingsRequest(BaseModel):
     """OpenAI's request: `input` one text or a list; `model` a name from `GET /v1/models`, its suffix
     `:query` or `:passage` saying how the inputs are encoded (passages without one); `encoding_format`
-    float or base64 (little-endian float32); `dimensions` the model's own, if given; `user` ignored."""
+    float or base64 (little-endian float32); `dimensions` a width to cut the vectors to (`requested_width`);
+    `user` ignored."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -129,6 +132,25 @@ def request_texts(request: EmbeddingsRequest) -> list[str]:
     if any(not isinstance(item, str) for item in request.input):
         raise LimitError(TOKEN_IDS_REFUSED)
     return list(request.input)  # type: ignore[arg-type]
+
+
+def requested_width(dimensions: int | None, model: str, encoder: DenseEncoder) -> int | None:
+    """The width to cut the vectors of `encoder` to for a request's `dimensions` of the model name
+    `model` (None: as they are), as `--dimensions` cuts them (`densekit.models.dimensions.truncated`).
+    A width below 1 is a `LimitError`, as a `k` below 1 is; one above the vectors served (the model's,
+    or the service's `--dimensions`), or one a Matryoshka model was not trained for, a
+    `DimensionsError` (400). A narrower width of a model that records no Matryoshka training is served
+    without the warning `--dimensions` logs: OpenAI's answer has no place for one, its clients read no
+    header, and a log line per request would flood the log; `/info` says instead which widths the model
+    was trained for (`matryoshka_dims`, None where it records none)."""
+    if dimensions is None:
+        return None
+    if dimensions < 1:
+        raise LimitError(f"dimensions={shown(dimensions)}: ask for 1 to {encoder.dimension}")
+    served = encoder.config.dimensions
+    source = f"model {shown(model)}" + (f" (served with --dimensions {served})" if served else "")
+    return check_dimensions(dimensions, encoder.dimension, encoder.config.matryoshka_dims, source,
+                            setting="dimensions", warn=False)  # fmt: skip
 
 
 def embeddings_body(

@@ -73,14 +73,18 @@ class SearchService:
         return chosen
 
     def info(self) -> dict:
-        """The model, the module and index that answer by default, the other modules served, the
-        documents, the precision texts are encoded at and why, the embeddings API's model names, the
-        limits, the batching and the threads the model computes on."""
+        """The model, the width of its vectors served (`dimension`), the `--dimensions` they are cut to
+        (None: none) and the widths the model was trained for (`matryoshka_dims`, None: not recorded),
+        the module and index that answer by default, the other modules served, the documents, the
+        precision texts are encoded at and why, the embeddings API's model names, the limits, the
+        batching and the threads the model computes on."""
         retriever = self.retriever
         runtime = retriever.encoder.runtime
         return {
             "model": retriever.encoder.source,
             "dimension": retriever.encoder.dimension,
+            "dimensions": retriever.encoder.config.dimensions,
+            "matryoshka_dims": retriever.encoder.config.matryoshka_dims,
             "active_module": retriever.module,
             "route": None if retriever.route is None else retriever.route.spec.model_dump(),
             "index": _index_info(retriever),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from densekit.models.dimensions import truncated
 from densekit.serving import openai_api
-from densekit.serving.checks import LimitError, check_domain, check_texts, shown
+from densekit.serving.checks import check_domain, check_texts
 from densekit.serving.openai_api import EmbeddingsRequest, EmbeddingsResponse
 from densekit.serving.responses import FastJSON
 from densekit.serving.service import SearchService
@@ -17,17 +18,20 @@ def add_routes(app: FastAPI, service: SearchService) -> None:
 
     async def embeddings(request: EmbeddingsRequest) -> EmbeddingsResponse:
         """OpenAI's embeddings API: `model` is a name from `/v1/models`, whose suffix `:query` or
-        `:passage` says how the inputs are encoded (as passages without one)."""
+        `:passage` says how the inputs are encoded (as passages without one); `dimensions`, a width to
+        cut the vectors to, normalised again where the model normalises."""
         texts = openai_api.request_texts(request)
         chosen = openai_api.resolve_model(request.model, names)
         check_texts(texts, limits.max_queries, limits.max_input_chars, "input", "inputs")
-        dimension = chosen.retriever.encoder.dimension
-        if request.dimensions is not None and request.dimensions != dimension:
-            raise LimitError(f"dimensions={shown(request.dimensions)}: this model gives {dimension}")
+        encoder = chosen.retriever.encoder
+        width = openai_api.requested_width(request.dimensions, request.model, encoder)
         if chosen.kind == "query":
             check_domain(chosen.retriever, chosen.domain)
         found = await service.batcher.embed(chosen.retriever, texts, chosen.kind, chosen.domain)
-        body = openai_api.embeddings_body(found.vectors, found.tokens, request.model, request.encoding_format)
+        vectors = found.vectors
+        if width is not None:
+            vectors = truncated(vectors, width, encoder.config.normalize)
+        body = openai_api.embeddings_body(vectors, found.tokens, request.model, request.encoding_format)
         # the shape of EmbeddingsResponse, built as it is sent (as `responses.search_response`)
         return FastJSON(body)  # type: ignore[return-value]
 
