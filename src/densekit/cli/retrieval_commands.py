@@ -6,6 +6,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -260,7 +261,6 @@ def index(
     target_recall: Annotated[
         float | None,
         typer.Option(
-            min=0.0, max=1.0,
             help="Save the smallest --nprobe (ivfpq, re-ranking with the exact vectors if it must) or "
             "--ef-search (hnsw) whose recall@10 against exact search meets this on the held-out queries.",
         ),
@@ -289,7 +289,8 @@ def index(
     saved in its manifest; with --target-recall the search setting meeting it is saved as the default of
     `search`, `mine` and `serve` (docs/scale.md).
 
-    OUTPUT must be new, an empty folder or an index folder densekit made (which is replaced).
+    OUTPUT must be new, an empty folder or an index folder densekit made: of the same embeddings and
+    settings, or of others with --overwrite (which is replaced).
     """
     from densekit.encoding.store import EmbeddingStore
     from densekit.index.base import META_FILE
@@ -322,8 +323,9 @@ def _check_recall_options(
 ) -> None:  # fmt: skip
     """Refuse recall options that would do nothing: an exact index (a flat one, Milvus) has no recall to
     measure or target (and no reason to encode --queries). `named`: the backend was given by name."""
-    if target_recall is not None and target_recall <= 0:
-        raise ValueError(f"--target-recall {target_recall}: give a recall above 0, at most 1")
+    if target_recall is not None and not 0 < target_recall <= 1:
+        number = "" if math.isfinite(target_recall) else " not a finite number;"
+        raise ValueError(f"--target-recall {target_recall}:{number} give a recall above 0, at most 1")
     if (queries is None) != (model is None):
         raise ValueError("--queries and --model go together: the queries are encoded by the model that "
                          "encoded EMBEDDINGS")  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,15 +131,22 @@ def artefact_dir(
     identity: dict[str, Any],
     about: dict | None = None,
     digests: dict[str, str] | None = None,
+    may_replace: Callable[[Path], bool] | None = None,
 ) -> Iterator[Path]:
     """Write a `kind` folder atomically, with its manifest and checksums.
 
-    Only an empty folder or one densekit made as the same kind is ever replaced; anything else at
-    `path` is refused before any work. `digests`, which the caller may fill inside the block, holds
-    checksums of files it computed as it wrote them (`write_digested`); the others are read back.
+    Only an empty folder or one densekit made as the same kind is ever replaced (and, given
+    `may_replace`, only one it allows, or raises to refuse); anything else at `path` is refused before
+    any work and again at the final rename. `digests`, which the caller may fill inside the block,
+    holds checksums of files it computed as it wrote them (`write_digested`); the others are read back.
     """
     digests = {} if digests is None else digests
-    with atomic_dir(path, may_replace=lambda existing: is_artefact(existing, kind)) as tmp:
+    allowed = may_replace or (lambda existing: True)
+
+    def replaceable(existing: Path) -> bool:
+        return is_artefact(existing, kind) and allowed(existing)
+
+    with atomic_dir(path, may_replace=replaceable) as tmp:
         yield tmp
         checksums = tree_checksums(tmp, skip={MANIFEST, *digests}) | digests
         manifest = new_manifest(kind, identity, dict(sorted(checksums.items())), about)
