@@ -35,6 +35,8 @@ EXHAUSTIVE: dict[tuple[str, str], Callable[[Path], dict[str, Any]]] = {
     ("faiss", "hnsw"): lambda tmp: {"ef_search": 1024},  # candidates >= rows
     ("faiss", "ivfpq"): lambda tmp: {"nprobe": 1024, "refine_k_factor": 64},  # 640 re-ranked of 600
     ("milvus", "flat"): lambda tmp: {"uri": str(tmp / "milvus.db")},
+    ("quantized", "binary"): lambda tmp: {"rescore": 64, "rescore_with": "float32"},  # 640 rescored
+    ("quantized", "int8"): lambda tmp: {"rescore": 64, "rescore_with": "float32"},
 }
 CASES = [(name, kind) for name, backend in registered_backends().items() for kind in backend.types]
 NEEDS = {"milvus": "milvus_lite"}  # a backend's optional dependency: its cases skip without it

@@ -158,6 +158,9 @@ _INDEX_SETTINGS: dict[str, Any] = {
        for field in ("hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe", "pq_m", "pq_bits")},
     "uri": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
     "collection": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
+    "rescore": Annotated[int | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
+    "rescore_with": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
+    "binary_index": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
     "setting": Annotated[list[str] | None, typer.Option(
         help="NAME=VALUE: a setting of the backend's spec that has no option of its own (repeatable; "
         "below).", rich_help_panel=SETTINGS_PANEL)],
@@ -243,8 +246,8 @@ def index(
     settings: dict[str, Any],
     index_type: Annotated[
         str | None,
-        typer.Option("--type", help="flat (exact; the default), hnsw or ivfpq, or a type of another backend "
-                                    "(below)."),
+        typer.Option("--type", help="flat (exact; the default), hnsw, ivfpq, binary or int8 (binary or "
+                                    "one-byte codes, --rescore), or another backend's type (below)."),
     ] = None,
     backend: Annotated[
         str | None,
@@ -261,8 +264,9 @@ def index(
     target_recall: Annotated[
         float | None,
         typer.Option(
-            help="Save the smallest --nprobe (ivfpq, re-ranking with the exact vectors if it must) or "
-            "--ef-search (hnsw) whose recall@10 against exact search meets this on the held-out queries.",
+            help="Save the smallest --nprobe (ivfpq, re-ranking with the exact vectors if it must), "
+            "--ef-search (hnsw) or --rescore (binary, int8) whose recall@10 against exact search meets this "
+            "on the held-out queries.",
         ),
     ] = None,
     recall_queries: Annotated[
@@ -281,9 +285,10 @@ def index(
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
-    """Build an index of saved embeddings (inner product) and save it: by default a Faiss index, or,
-    with --backend milvus, the vectors written into a Milvus collection that the saved index folder
-    names (docs/serving.md).
+    """Build an index of saved embeddings (inner product) and save it: by default a Faiss index; with
+    --type binary or int8 the vectors' codes, rescored against a copy on disk (docs/scale.md); with
+    --backend milvus, the vectors written into a Milvus collection that the saved index folder names
+    (docs/serving.md).
 
     An approximate index's recall@10 and @100 against exact search are measured on held-out queries and
     saved in its manifest; with --target-recall the search setting meeting it is saved as the default of

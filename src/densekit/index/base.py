@@ -150,13 +150,13 @@ def index_folder(
 
 
 def registered_backends() -> dict[str, type[SearchIndex]]:
-    """Every backend, by name: the modules of `densekit.index.backends`, imported on first use (each
-    registers itself by subclassing `SearchIndex`), so that importing `densekit.index` imports no
-    search engine, and a new backend is one new file there."""
+    """Every backend, by name, in name order: the modules of `densekit.index.backends`, imported on
+    first use (each registers itself by subclassing `SearchIndex`), so that importing `densekit.index`
+    imports no search engine, and a new backend is one new file there."""
     package = importlib.import_module(BACKENDS_PACKAGE)
     for found in sorted(pkgutil.iter_modules(package.__path__), key=lambda found: found.name):
         importlib.import_module(f"{BACKENDS_PACKAGE}.{found.name}")  # once: then a look-up
-    return SearchIndex.backends
+    return dict(sorted(SearchIndex.backends.items()))  # whichever was imported first
 
 
 class SearchIndex(ABC):
