@@ -124,11 +124,13 @@ def build(
             folder,
             show_progress=False,
             recall=RecallSettings(target=target, **given),
+            overwrite=True,
         )
     except TargetUnreachable as err:
         error = str(err)
         print(f"{folder}: {error}", flush=True)
-        build_index(store, IndexSpec(type=kind), folder, show_progress=False, recall=RecallSettings(**given))
+        recall = RecallSettings(**given)
+        build_index(store, IndexSpec(type=kind), folder, show_progress=False, recall=recall, overwrite=True)
     seconds = time.perf_counter() - start
     recorded = read_manifest(folder).about["recall"]  # type: ignore[union-attr]
     return SearchIndex.load(folder), {**recorded, "target_error": error} if error else recorded, seconds
@@ -165,7 +167,7 @@ def sample_effect(store: Any, folder: Path, queries: np.ndarray, exact: np.ndarr
             )
         try:
             training = faiss_index._training_rows(resolved, len(store))
-            build_index(store, resolved.updated(nprobe=nprobe), folder, show_progress=False, recall=None)
+            build_index(store, resolved.updated(nprobe=nprobe), folder, show_progress=False, overwrite=True)
         finally:
             faiss_index._MAX_TRAINING_POINTS, spec.TRAINING_POINTS_PER_LIST = saved
         index = SearchIndex.load(folder)

@@ -53,7 +53,7 @@ def test_index_options_out_of_their_bounds_are_refused_naming_the_option(
 def test_an_index_type_no_backend_builds_is_refused_naming_the_types(capsys, unit_vectors, tmp_path: Path):
     emb = fake_store(tmp_path / "emb", unit_vectors).folder
     code, err, _ = cli(capsys, "index", emb, "-o", tmp_path / "index", "--type", "ivf")
-    assert_one_line_error(code, err, "--type ivf: densekit builds flat, hnsw or ivfpq")
+    assert_one_line_error(code, err, "--type ivf: densekit builds flat, hnsw, ivfpq, binary or int8")
     assert not (tmp_path / "index").exists()
 
 

@@ -54,6 +54,7 @@ def test_the_example_runs_through_the_shared_index_tests(numpy_backend, tmp_path
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     for number, check in enumerate([
         shared.check_loads_and_ranks_as_exact_search,
+        shared.check_another_index_is_replaced_only_with_overwrite,
         shared.check_files_and_ids_are_checked_on_load,
         shared.check_bad_queries_and_unused_parameters_are_refused,
     ]):  # fmt: skip

@@ -28,10 +28,11 @@ from densekit.retrieval.retriever import Retriever
 from .conftest import CORPUS
 
 
-def fake_store(folder: Path, vectors: np.ndarray, parts: int = 1) -> EmbeddingStore:
-    """An embedding folder written directly, part by part, as `densekit encode` would."""
+def fake_store(folder: Path, vectors: np.ndarray, parts: int = 1, corpus: str = "c") -> EmbeddingStore:
+    """An embedding folder written directly, part by part, as `densekit encode` would (of a corpus whose
+    digest is `corpus`)."""
     folder.mkdir(parents=True)
-    identity = {"model": {"weights": "w", "settings": {}}, "corpus": "c", "shards": parts, "maxp": None}
+    identity = {"model": {"weights": "w", "settings": {}}, "corpus": corpus, "shards": parts, "maxp": None}
     write_folder_manifest(folder, KIND, identity)
     ids = [f"doc{i}" for i in range(len(vectors))]
     bounds = np.linspace(0, len(vectors), parts + 1).astype(int)

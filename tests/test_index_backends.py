@@ -1,7 +1,8 @@
 """The tests every index backend runs through, each (backend, type) the registry knows a case: its folder
 loads with its backend and, at settings that make it search every vector, ranks as exact search does;
-every file it saves is checked on load and its ids against its identity; bad queries and search
-parameters it has no use for are refused; the command line builds what Python builds.
+every file it saves is checked on load and its ids against its identity; another index at its output
+is replaced only with overwrite; bad queries and search parameters it has no use for are refused; the
+command line builds what Python builds.
 
 `tests/test_extension_index.py` runs a new backend through the same `check_*` functions."""
 
@@ -22,6 +23,7 @@ from densekit.index.base import IDS_FILE, registered_backends
 from densekit.index.registry import spec_for
 from densekit.io.artefact import MANIFEST, read_manifest
 from densekit.io.fingerprint import file_digest
+from densekit.io.outputs import OutputError
 
 from .hostile.commands import cli
 from .test_index import fake_store
@@ -33,6 +35,8 @@ EXHAUSTIVE: dict[tuple[str, str], Callable[[Path], dict[str, Any]]] = {
     ("faiss", "hnsw"): lambda tmp: {"ef_search": 1024},  # candidates >= rows
     ("faiss", "ivfpq"): lambda tmp: {"nprobe": 1024, "refine_k_factor": 64},  # 640 re-ranked of 600
     ("milvus", "flat"): lambda tmp: {"uri": str(tmp / "milvus.db")},
+    ("quantized", "binary"): lambda tmp: {"rescore": 64, "rescore_with": "float32"},  # 640 rescored
+    ("quantized", "int8"): lambda tmp: {"rescore": 64, "rescore_with": "float32"},
 }
 CASES = [(name, kind) for name, backend in registered_backends().items() for kind in backend.types]
 NEEDS = {"milvus": "milvus_lite"}  # a backend's optional dependency: its cases skip without it
@@ -145,6 +149,23 @@ def check_the_command_line_builds_what_python_builds(
     assert np.array_equal(built.search(vectors[:5], 10).doc_ids(), python.search(vectors[:5], 10).doc_ids())
 
 
+def check_another_index_is_replaced_only_with_overwrite(
+    case: tuple[str, str], vectors: np.ndarray, tmp_path: Path
+) -> None:
+    first = fake_store(tmp_path / "first", vectors[:100], corpus="first")
+    other = fake_store(tmp_path / "other", vectors[100:250], corpus="other")
+    build_case(case, first, tmp_path / "index")
+    saved = {path.name: path.read_bytes() for path in (tmp_path / "index").iterdir()}
+    with pytest.raises(
+        OutputError, match=r"holds an index made from other inputs or settings \(differs in: "
+    ):
+        build_case(case, other, tmp_path / "index")
+    assert {path.name: path.read_bytes() for path in (tmp_path / "index").iterdir()} == saved
+    assert SearchIndex.load(tmp_path / "index").rows == 100
+    build_case(case, first, tmp_path / "index")  # the same index again: no --overwrite needed
+    assert build_case(case, other, tmp_path / "index", overwrite=True).rows == 150
+
+
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_a_backends_folder_loads_with_it_and_ranks_as_exact_search(case, vectors, tmp_path: Path):
     check_loads_and_ranks_as_exact_search(case, vectors, tmp_path)
@@ -165,8 +186,14 @@ def test_the_command_line_builds_what_python_builds(case, vectors, tmp_path: Pat
     check_the_command_line_builds_what_python_builds(case, vectors, tmp_path, capsys)
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_another_index_is_replaced_only_with_overwrite(case, vectors, tmp_path: Path):
+    check_another_index_is_replaced_only_with_overwrite(case, vectors, tmp_path)
+
+
 SHARED = [
     test_a_backends_folder_loads_with_it_and_ranks_as_exact_search,
+    test_another_index_is_replaced_only_with_overwrite,
     test_a_backends_files_and_ids_are_checked_on_load,
     test_a_backend_refuses_bad_queries_and_parameters_it_has_no_use_for,
     test_the_command_line_builds_what_python_builds,

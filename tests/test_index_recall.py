@@ -259,7 +259,7 @@ def test_recall_options_on_an_exact_index_are_refused_in_one_line(capsys, tmp_pa
     code, err, _ = cli(capsys, *command)
     assert code == 2 and err == (
         "error: --target-recall: an index of --type flat searches exactly (recall 1); these options are for "
-        "--type hnsw or ivfpq\n"
+        "--type hnsw, ivfpq, binary or int8\n"
     )
     code, err, _ = cli(capsys, *command, "--backend", "milvus", "--uri", str(tmp_path / "m.db"))
     assert code == 2 and "an index of --backend milvus searches exactly" in err and err.count("\n") == 1

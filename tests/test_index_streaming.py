@@ -99,7 +99,7 @@ _KILLED_BUILD = textwrap.dedent(
         faiss_index.faiss.write_index = written
     store = EmbeddingStore.open(emb)
     spec = IndexSpec(type="hnsw")
-    build_index(store, spec, pathlib.Path(out), show_progress=False, add_batch=100)
+    build_index(store, spec, pathlib.Path(out), show_progress=False, add_batch=100, overwrite=True)
     """
 )
 
@@ -128,7 +128,7 @@ def test_a_build_killed_mid_way_leaves_no_half_index_and_the_next_completes(
         assert SearchIndex.load(out).spec.type == "flat"
     else:
         assert not out.exists()
-    build_index(store, IndexSpec(type="hnsw"), out, show_progress=False)
+    build_index(store, IndexSpec(type="hnsw"), out, show_progress=False, overwrite=True)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".index.")] == []
     rebuilt = SearchIndex.load(out)
     assert rebuilt.spec.type == "hnsw" and rebuilt.rows == len(vectors) and list(rebuilt.ids) == store.ids()

@@ -74,9 +74,10 @@ def test_index_refuses_an_existing_file_and_replaces_only_its_own_index(capsys, 
     assert not list(tmp_path.glob(".notes.txt*"))
 
     index = tmp_path / "index"
+    hnsw = ["index", embeddings, "-o", index, "--type", "hnsw", "--no-progress"]
     assert cli(capsys, "index", embeddings, "-o", index, "--no-progress")[0] == 0
-    assert cli(capsys, "index", embeddings, "-o", index, "--type", "hnsw", "--no-progress")[0] == 0
-    assert SearchIndex.load(index).spec.type == "hnsw"  # an index densekit made is replaced
+    assert cli(capsys, *hnsw)[0] == 2 and cli(capsys, *hnsw, "--overwrite")[0] == 0
+    assert SearchIndex.load(index).spec.type == "hnsw"  # an index densekit made is replaced, when asked
 
 
 # Item 4: inputs are never outputs.
@@ -189,7 +190,8 @@ def test_kill_9_during_an_index_write_leaves_the_previous_index(embeddings: Path
     assert snapshot(index) == before
     assert SearchIndex.load(index).search(queries, 3).doc_ids().tolist() == expected
 
-    build_index(EmbeddingStore.open(embeddings), IndexSpec(type="hnsw"), index, show_progress=False)
+    store = EmbeddingStore.open(embeddings)
+    build_index(store, IndexSpec(type="hnsw"), index, show_progress=False, overwrite=True)
     assert not list(tmp_path.glob(".index.*"))  # the next writer cleared what the killed one left
     assert SearchIndex.load(index).spec.type == "hnsw"
 

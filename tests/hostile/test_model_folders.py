@@ -391,14 +391,6 @@ def test_26_ids_reordered_under_a_recomputed_manifest_are_refused(small_store, t
     one_line(err.value, str(ids), "not the ids the index was built with")
 
 
-def test_26_an_index_made_before_its_identity_held_the_ids_still_loads(small_store, tmp_path: Path):
-    build_index(small_store, IndexSpec(), tmp_path / "index", show_progress=False)
-    manifest = read_manifest(tmp_path / "index")
-    assert manifest.identity.pop("ids").startswith("sha256:")
-    (tmp_path / "index" / MANIFEST).write_text(manifest.to_json())
-    assert SearchIndex.load(tmp_path / "index").ids.tolist() == small_store.ids()
-
-
 # --- 29: unknown module types and route module names ------------------------------------------------
 
 

@@ -6,6 +6,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -157,6 +158,9 @@ _INDEX_SETTINGS: dict[str, Any] = {
        for field in ("hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe", "pq_m", "pq_bits")},
     "uri": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
     "collection": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
+    "rescore": Annotated[int | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
+    "rescore_with": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
+    "binary_index": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
     "setting": Annotated[list[str] | None, typer.Option(
         help="NAME=VALUE: a setting of the backend's spec that has no option of its own (repeatable; "
         "below).", rich_help_panel=SETTINGS_PANEL)],
@@ -242,8 +246,8 @@ def index(
     settings: dict[str, Any],
     index_type: Annotated[
         str | None,
-        typer.Option("--type", help="flat (exact; the default), hnsw or ivfpq, or a type of another backend "
-                                    "(below)."),
+        typer.Option("--type", help="flat (exact; the default), hnsw, ivfpq, binary or int8 (binary or "
+                                    "one-byte codes, --rescore), or another backend's type (below)."),
     ] = None,
     backend: Annotated[
         str | None,
@@ -260,9 +264,9 @@ def index(
     target_recall: Annotated[
         float | None,
         typer.Option(
-            min=0.0, max=1.0,
-            help="Save the smallest --nprobe (ivfpq, re-ranking with the exact vectors if it must) or "
-            "--ef-search (hnsw) whose recall@10 against exact search meets this on the held-out queries.",
+            help="Save the smallest --nprobe (ivfpq, re-ranking with the exact vectors if it must), "
+            "--ef-search (hnsw) or --rescore (binary, int8) whose recall@10 against exact search meets this "
+            "on the held-out queries.",
         ),
     ] = None,
     recall_queries: Annotated[
@@ -281,15 +285,17 @@ def index(
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
 ) -> None:
-    """Build an index of saved embeddings (inner product) and save it: by default a Faiss index, or,
-    with --backend milvus, the vectors written into a Milvus collection that the saved index folder
-    names (docs/serving.md).
+    """Build an index of saved embeddings (inner product) and save it: by default a Faiss index; with
+    --type binary or int8 the vectors' codes, rescored against a copy on disk (docs/scale.md); with
+    --backend milvus, the vectors written into a Milvus collection that the saved index folder names
+    (docs/serving.md).
 
     An approximate index's recall@10 and @100 against exact search are measured on held-out queries and
     saved in its manifest; with --target-recall the search setting meeting it is saved as the default of
     `search`, `mine` and `serve` (docs/scale.md).
 
-    OUTPUT must be new, an empty folder or an index folder densekit made (which is replaced).
+    OUTPUT must be new, an empty folder or an index folder densekit made: of the same embeddings and
+    settings, or of others with --overwrite (which is replaced).
     """
     from densekit.encoding.store import EmbeddingStore
     from densekit.index.base import META_FILE
@@ -322,8 +328,9 @@ def _check_recall_options(
 ) -> None:  # fmt: skip
     """Refuse recall options that would do nothing: an exact index (a flat one, Milvus) has no recall to
     measure or target (and no reason to encode --queries). `named`: the backend was given by name."""
-    if target_recall is not None and target_recall <= 0:
-        raise ValueError(f"--target-recall {target_recall}: give a recall above 0, at most 1")
+    if target_recall is not None and not 0 < target_recall <= 1:
+        number = "" if math.isfinite(target_recall) else " not a finite number;"
+        raise ValueError(f"--target-recall {target_recall}:{number} give a recall above 0, at most 1")
     if (queries is None) != (model is None):
         raise ValueError("--queries and --model go together: the queries are encoded by the model that "
                          "encoded EMBEDDINGS")  # fmt: skip

@@ -273,7 +273,8 @@ def _encode_and_index(
         stages, "index", indexed is not None and not differences(indexed.identity, index_identity)
     ) as fresh:
         if fresh:
-            build_index(store, spec, index_dir, show_progress=show_progress)
+            # the benchmark's folder is its own: an index of other embeddings is replaced
+            build_index(store, spec, index_dir, show_progress=show_progress, overwrite=True)
     return index_identity
 
 

@@ -35,8 +35,8 @@ from densekit.diagnostics import DataError, Problem
 from densekit.encoding.passages import MaxPSettings, best_passage_run
 from densekit.encoding.store import EmbeddingStore
 from densekit.index.spec import SpecError
-from densekit.io.artefact import artefact_dir, check_artefact_dir, open_artefact, verify
-from densekit.io.outputs import check_not_input
+from densekit.io.artefact import MANIFEST, artefact_dir, check_artefact_dir, open_artefact, verify
+from densekit.io.outputs import check_artefact_output
 
 if TYPE_CHECKING:
     from densekit.index.recall import RecallSettings
@@ -84,11 +84,18 @@ def write_ids(store: EmbeddingStore, path: Path) -> None:
 
 
 def read_ids(folder: Path, identity: dict[str, Any]) -> list[str]:
-    """An index folder's ids, refused when they are not those it was built with (an index made before
-    its identity held their digest has only its checksum, which `verify` checked)."""
+    """An index folder's ids, refused when they are not those it was built with, or when its identity
+    holds no digest of them to tell (their checksum alone would pass ids reordered under a recomputed
+    manifest)."""
     raw = (folder / IDS_FILE).read_bytes()
     expected = identity.get("ids")
-    if expected is not None and f"sha256:{hashlib.sha256(raw).hexdigest()}" != expected:
+    if not isinstance(expected, str):
+        reason = (
+            "its identity holds no digest of its ids (an index of an older densekit, or an edited manifest), "
+            "so its rows cannot be matched to their documents: build the index again"
+        )
+        raise DataError([Problem(folder / MANIFEST, None, reason)])
+    if f"sha256:{hashlib.sha256(raw).hexdigest()}" != expected:
         reason = ("not the ids the index was built with (their digest differs from its identity's): rows "
                   "would be given other documents' ids; build the index again")  # fmt: skip
         raise DataError([Problem(folder / IDS_FILE, None, reason)])
@@ -112,32 +119,44 @@ def check_finite_rows(
         raise DataError([Problem(source, None, message)])
 
 
-def check_output(output: Path, store: EmbeddingStore) -> None:
+def check_output(output: Path, store: EmbeddingStore, identity: dict[str, Any], overwrite: bool) -> None:
     """Refuse, before any work, an index `output` that is, or holds, the embedding folder, or that is
-    something other than new, empty or an index folder densekit made."""
-    check_not_input(output, [store.folder])
-    check_artefact_dir(output, KIND)
+    something other than new, empty, or an index folder densekit made from this `identity` (from
+    another one only with `overwrite`), naming what differs."""
+    check_artefact_dir(output, KIND)  # a file, or a folder densekit did not make, named as such
+    check_artefact_output(output, KIND, identity, [store.folder], overwrite)
 
 
 @contextlib.contextmanager
 def index_folder(
-    output: Path, identity: dict[str, Any], about: dict[str, Any], digests: dict[str, str] | None = None
+    output: Path,
+    identity: dict[str, Any],
+    about: dict[str, Any],
+    overwrite: bool,
+    digests: dict[str, str] | None = None,
 ) -> Iterator[Path]:
     """A temporary folder to write an index into, which takes `output`'s place in one step, with its
     manifest (`identity`, `about` and each file's checksum; `digests` holds those computed as the files
-    were written), when the block ends."""
-    with artefact_dir(output, KIND, identity, about, digests) as tmp:
+    were written), when the block ends. What is at `output` then is checked again as `check_output` did
+    before the work: an index another build finished meanwhile, of another identity, is not replaced
+    without `overwrite`."""
+
+    def replaceable(existing: Path) -> bool:
+        check_artefact_output(existing, KIND, identity, overwrite=overwrite)
+        return True
+
+    with artefact_dir(output, KIND, identity, about, digests, may_replace=replaceable) as tmp:
         yield tmp
 
 
 def registered_backends() -> dict[str, type[SearchIndex]]:
-    """Every backend, by name: the modules of `densekit.index.backends`, imported on first use (each
-    registers itself by subclassing `SearchIndex`), so that importing `densekit.index` imports no
-    search engine, and a new backend is one new file there."""
+    """Every backend, by name, in name order: the modules of `densekit.index.backends`, imported on
+    first use (each registers itself by subclassing `SearchIndex`), so that importing `densekit.index`
+    imports no search engine, and a new backend is one new file there."""
     package = importlib.import_module(BACKENDS_PACKAGE)
     for found in sorted(pkgutil.iter_modules(package.__path__), key=lambda found: found.name):
         importlib.import_module(f"{BACKENDS_PACKAGE}.{found.name}")  # once: then a look-up
-    return SearchIndex.backends
+    return dict(sorted(SearchIndex.backends.items()))  # whichever was imported first
 
 
 class SearchIndex(ABC):
@@ -154,8 +173,8 @@ class SearchIndex(ABC):
     - `spec_class`: its settings, a pydantic model whose `type` is one of `types` and whose fields are
       its options (`--hnsw-m` for `hnsw_m`); the docstring's first line describes it in `index --help`;
     - `build(store, spec, output, options)`: its index of an embedding folder, saved atomically
-      (`check_output` before the work, `index_folder` to write), and `summary`, what `densekit index`
-      prints of the folder it built.
+      (`check_output` with its identity before the work, `index_folder` to write), and `summary`, what
+      `densekit index` prints of the folder it built.
 
     A loaded index sets `ids` (row i's document id, as an object array), `meta` (the folder's
     `index.json`), `folder`, `identity` (the manifest's; None for an index held in memory) and `spec`,

@@ -150,14 +150,22 @@ def search_deep_enough(index: faiss.Index, queries: np.ndarray, depth: int) -> t
     return index.search(queries, depth)
 
 
+def search_recall(
+    rows_of: Callable[[np.ndarray, int], np.ndarray], held: HeldOut, chunks: Chunks, depth: int
+) -> float | None:
+    """Recall@`depth` of a search that gives each query's top rows, best first (`rows_of(queries,
+    depth)`; -1 for none), asked `depth` deep (one more where each query's own row is left out): a
+    search may look at more candidates for a deeper search, so each depth is searched at its own."""
+    labels = rows_of(held.vectors, depth + (held.own is not None))
+    return recall_at(_leave_out_own(labels, held.own, depth), truth_at(held, chunks, depth))
+
+
 def index_recall(index: faiss.Index, held: HeldOut, chunks: Chunks, depth: int) -> float | None:
-    """Recall@`depth` of `index`, as it is set now, searched `depth` deep (HNSW and re-ranking search
-    more candidates for a deeper search, so each depth is searched at its own)."""
+    """Recall@`depth` of a faiss `index`, as it is set now (`search_recall`)."""
     rows = int(index.ntotal)
-    extra = held.own is not None
-    _, labels = search_deep_enough(index, held.vectors, min(rows, depth + extra))
-    found = _leave_out_own(labels, held.own, depth)
-    return recall_at(found, truth_at(held, chunks, depth))
+    return search_recall(
+        lambda queries, deep: search_deep_enough(index, queries, min(rows, deep))[1], held, chunks, depth
+    )
 
 
 def set_parameters(index: faiss.Index, spec: IndexSpec) -> None:
@@ -227,7 +235,7 @@ class Chosen:
     """What a target chose: the spec with its search parameters, the recall of each value tried, and
     the best recall@10 reached where none met the target."""
 
-    spec: IndexSpec
+    spec: Any  # the backend's
     tried: dict[str, dict[int, float]]
     best: float | None = None
     where: str = ""
@@ -279,14 +287,18 @@ def choose_refined(
 def measured(index: faiss.Index, spec: IndexSpec, held: HeldOut, chunks: Chunks) -> dict[str, Any]:
     """Recall@10 and @100 of `index` searched with `spec`'s parameters, and what they were measured on."""
     set_parameters(index, spec)
-    parameters = {"ivfpq": ["nprobe", "refine_k_factor"], "hnsw": ["ef_search"]}[spec.type]
+    names = {"ivfpq": ["nprobe", "refine_k_factor"], "hnsw": ["ef_search"]}[spec.type]
     recalls = {f"recall@{depth}": index_recall(index, held, chunks, depth) for depth in RECALL_DEPTHS}
-    record = {
-        **recalls,
-        "parameters": {name: getattr(spec, name) for name in parameters if getattr(spec, name) is not None},
-        "queries": len(held.vectors),
-        "held_out": held.source,
-    }
+    parameters = {name: getattr(spec, name) for name in names if getattr(spec, name) is not None}
+    return recall_record(recalls, parameters, held)
+
+
+def recall_record(
+    recalls: dict[str, float | None], parameters: dict[str, Any], held: HeldOut
+) -> dict[str, Any]:
+    """What an index's manifest records of its recall: `recalls` by depth, the search `parameters` they
+    were measured with, and the held-out queries (their rows, where drawn from the collection)."""
+    record = {**recalls, "parameters": parameters, "queries": len(held.vectors), "held_out": held.source}
     if held.own is not None:  # which rows, so that anyone can count again
         record["rows"] = held.own.tolist()
     return record
@@ -324,7 +336,8 @@ def recall_words(measured: dict[str, Any] | None) -> str:
     what they were measured on, the search setting and the target met (nothing when not measured)."""
     if not measured or measured.get("exact"):
         return " (flat: exact search)" if measured else ""
-    settings = ", ".join(f"{name} {value}" for name, value in measured["parameters"].items())
+    settings = ", ".join(f"{name} {'none' if value is None else value}"
+                         for name, value in measured["parameters"].items())  # fmt: skip
     found = ", ".join(f"{key} {value:.4f}" for key, value in measured.items()
                       if key.startswith("recall@") and value is not None)  # fmt: skip
     target = f", meeting --target-recall {measured['target']}" if measured.get("target") is not None else ""

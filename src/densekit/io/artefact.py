@@ -150,16 +150,24 @@ def artefact_dir(
     identity: dict[str, Any],
     about: dict | None = None,
     digests: dict[str, str] | None = None,
+    may_replace: Callable[[Path], bool] | None = None,
 ) -> Iterator[Path]:
     """Write a `kind` folder atomically, with its manifest and checksums.
 
     Only an empty folder, one densekit made as the same kind, or one holding only a person's README is
-    ever replaced (a person's README is kept); anything else at `path` is refused before any work.
+    ever replaced (a person's README is kept), and, given `may_replace`, only one it allows (or raises
+    to refuse); anything else at `path` is refused before any work and again at the final rename.
     READMEs are left out of the checksums. `digests`, which the caller may fill inside the block, holds
     checksums of files it computed as it wrote them (`write_digested`); the others are read back.
     """
     digests = {} if digests is None else digests
-    with atomic_dir(path, may_replace=_replaceable(kind)) as tmp:
+    allowed = may_replace or (lambda existing: True)
+    densekit_made = _replaceable(kind)
+
+    def replaceable(existing: Path) -> bool:
+        return densekit_made(existing) and allowed(existing)
+
+    with atomic_dir(path, may_replace=replaceable) as tmp:
         yield tmp
         checksums = tree_checksums(tmp, skip={MANIFEST, *digests}) | digests
         checksums = {name: digest for name, digest in sorted(checksums.items()) if not is_card(name)}

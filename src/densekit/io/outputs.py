@@ -220,19 +220,21 @@ def check_artefact_output(
 ) -> None:
     """Check, before it is written, that a `kind` folder written whole (`artefact_dir`, which replaces a
     folder of its kind in one step) may take `path`: new or empty, a `kind` folder densekit made from
-    this `identity`, or from another one with `overwrite`; nothing else."""
+    this `identity`, or from another one with `overwrite`; nothing else. Given to `artefact_dir` as its
+    `may_replace`, it is checked again at the final rename, where another writer may have been first."""
     path = Path(path)
     check_not_input(path, inputs)
     check_not_in_collection(path)
     if not path.exists() or (path.is_dir() and not path.is_symlink() and is_empty(path)):
         return
     manifest = read_manifest(path) if path.is_dir() and not path.is_symlink() else None
+    named = f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"  # an index, a module
     if manifest is None or manifest.kind != kind:
-        raise OutputError(f"{path} is not a {kind} folder densekit made; it is left as it is: choose another")
+        raise OutputError(f"{path} is not {named} folder densekit made; it is left as it is: choose another")
     changed = differences(manifest.identity, identity)
     if changed and not overwrite:
         raise OutputError(
-            f"{path} holds a {kind} made from other inputs or settings (differs in: {', '.join(changed)}); "
+            f"{path} holds {named} made from other inputs or settings (differs in: {', '.join(changed)}); "
             "pass --overwrite to replace it, or choose another folder"
         )
 

@@ -191,17 +191,23 @@ class FaissIndex(SearchIndex, backend="faiss"):
         setting meeting it is saved in the spec (`densekit.index.recall`), and a target no setting meets
         is a `TargetUnreachable` error. Without one (None) nothing is measured.
 
-        `output` must be new, empty or an index folder densekit made; anything else is refused before
-        any work, and so is an output that is, or holds, the embedding folder, and (with
+        `output` must be new, empty or an index folder densekit made from the same embeddings and spec
+        (from others only with `options.overwrite`, checked again as the folder takes its place);
+        anything else is refused before any work, and so is an output that is, or holds, the embedding
+        folder, and (with
         `options.check_memory`) an index that needs more memory than is available (`IndexTooLarge`). A
         vector holding NaN or an infinity is an error naming its part's `.npy` file, its row and its
         document.
         """
-        check_output(output, store)
         rows, dimension = len(store), store.dimension
         if rows == 0:
             raise DataError([Problem(store.folder, None, "no embeddings to index")])
         spec = spec.resolved(rows, dimension)
+        recall = options.recall
+        identity = index_identity(store, spec)  # as asked: a target's choice is in `index.json`
+        if recall is not None and recall.identity() is not None:
+            identity["recall_target"] = recall.identity()
+        check_output(output, store, identity, options.overwrite)
         add_batch = options.add_batch
         if options.check_memory:
             check_fits(spec, rows, dimension, add_batch, _training_rows(spec, rows))
@@ -231,19 +237,15 @@ class FaissIndex(SearchIndex, backend="faiss"):
                 offset += part_rows
         if flat_rows is not None:
             index.ntotal = rows
-        recall = options.recall
         built, chosen, measured = _measure(
             index, spec, store, recall, chunks, options.check_memory, options.show_progress
         )
         meta = {"spec": chosen.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp}
-        identity = index_identity(store, chosen)
-        if recall is not None and recall.identity() is not None:
-            identity["recall_target"] = recall.identity()
         about = {**store.about, "embeddings": str(store.folder)}
         if measured is not None:
             about["recall"] = measured
         digests: dict[str, str] = {}
-        with index_folder(output, identity, about, digests) as tmp:
+        with index_folder(output, identity, about, options.overwrite, digests) as tmp:
             digests[INDEX_FILE] = _write_index(built, tmp / INDEX_FILE)
             write_ids(store, tmp / IDS_FILE)
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")

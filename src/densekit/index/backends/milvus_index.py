@@ -159,15 +159,17 @@ def build_milvus_index(
     show_progress: bool = True,
 ) -> Path:
     """Write `store` into `collection` at `uri` and the index folder `output` that names it; a Milvus
-    Lite path is recorded absolute."""
-    check_output(output, store)
+    Lite path is recorded absolute. A folder naming another collection, or of other embeddings, is
+    replaced only with `overwrite`, as is a collection of other embeddings."""
     check_collection_name(collection)
     uri = milvus_uri(uri)
     rows, dimension = len(store), store.dimension
     if rows == 0:
         raise DataError([Problem(store.folder, None, "no embeddings to index")])
     spec = IndexSpec(type="flat")
-    identity = {**index_identity(store, spec), "backend": BACKEND}
+    where = {"uri": uri, "collection": collection}
+    identity = {**index_identity(store, spec), "backend": BACKEND, "milvus": where}
+    check_output(output, store, identity, overwrite)
     digest = digest_of(identity)
     client = _client(uri)
     with _milvus_errors(uri):
@@ -175,7 +177,7 @@ def build_milvus_index(
     meta = {"spec": spec.model_dump(), "rows": rows, "dimension": dimension, "maxp": store.maxp,
             "backend": BACKEND, "uri": uri, "collection": collection}  # fmt: skip
     about = {**store.about, "embeddings": str(store.folder)}
-    with index_folder(output, identity, about) as tmp:
+    with index_folder(output, identity, about, overwrite) as tmp:
         write_ids(store, tmp / IDS_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return Path(output)
