@@ -51,16 +51,17 @@ def timed_search(index: Any, queries: np.ndarray, k: int = 10, calls: int = 3) -
 def queries_per_second(
     search: Callable[[np.ndarray], Any], queries: np.ndarray, batch: int, seconds: float
 ) -> float:
-    """Queries a second of `search` given `batch` queries a call, in order, after one call to warm up,
-    for about `seconds` (at least one call, each query at most once)."""
+    """Queries a second of `search` given `batch` queries a call, through `queries` in order (from the
+    first again after the last), after one call to warm up, for about `seconds` (at least one call)."""
     search(queries[:batch])
-    done, start = 0, time.perf_counter()
-    while done < len(queries):
-        search(queries[done : done + batch])
-        done = min(done + batch, len(queries))
+    done, first, start = 0, 0, time.perf_counter()
+    while True:
+        part = queries[first : first + batch]
+        search(part)
+        done += len(part)
+        first = first + batch if first + batch < len(queries) else 0
         if time.perf_counter() - start >= seconds:
-            break
-    return done / (time.perf_counter() - start)
+            return done / (time.perf_counter() - start)
 
 
 def paired_speed(
