@@ -14,19 +14,19 @@ the split's queries (`--split`, test):
 - with `--fine-tuned NAME=RUN`, a run of the size's test queries (the `test.trec` of
   `recipes/wiki1m-round1.yaml`) as a fourth row.
 
-Each is scored by nDCG@10, R@100 and R@1000, and each is tested against MiniLM zero-shot query by query
-(paired t-test and randomisation test, Holm-corrected over the others: `densekit compare`'s
-`compare_runs`). Every run is written as TREC under `--work/NAME/` (`densekit compare` and `evaluate`
-read them); the results go to `--output` (JSON, with each run's command and machine) and a markdown
-table beside it (`.md`), both saved after every stage. A stage already measured from the same inputs
-is kept: a killed run started again resumes. Run from the repository root:
+Each is scored by nDCG@10, R@100 and R@1000 and tested against MiniLM zero-shot query by query (the
+paired t-test and randomisation test `densekit compare` runs: BM25 and RRF Holm-corrected over the
+two, the fine-tuned run in a test of its own, as `densekit compare` of the two runs gives). Every run
+is written as TREC under `--work/NAME/` (`densekit compare` and `evaluate` read them); the results go
+to `--output` (JSON, with each run's command and machine) and a markdown table beside it (`.md`), both
+saved after every stage. A stage already measured from the same inputs is kept: a killed run started
+again resumes. Run from the repository root (`runs/wiki/embeddings`: the whole corpus's embeddings):
 
-    W="nice -n 5 .venv/bin/python -m benchmarks.wiki_quality --embeddings runs/wiki/embeddings"
-    $W --sizes 100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k 1m=../shared/data/wiki1m \
-        --output benchmarks/results/wiki_quality.json
-    # fine-tuning (recipes/wiki1m-round1.yaml) on the 100k slice, then the same command with
-    $W --sizes 100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k 1m=../shared/data/wiki1m \
-        --fine-tuned 100k=runs/wiki/round1/test.trec --output benchmarks/results/wiki_quality.json
+    S="100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k 1m=../shared/data/wiki1m"
+    Q="nice -n 5 .venv/bin/python -m benchmarks.wiki_quality --embeddings runs/wiki/embeddings"
+    $Q --sizes $S --output benchmarks/results/wiki_quality.json
+    nice -n 5 .venv/bin/densekit run recipes/wiki1m-round1.yaml --out runs/wiki/round1
+    $Q --sizes $S --fine-tuned 100k=runs/wiki/round1/test.trec --output benchmarks/results/wiki_quality.json
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import numpy as np
 
 from benchmarks import WORK
 from benchmarks.wiki_inputs import Ledger, Passages, digest, parse_sizes, setup_logging
+from densekit.limits import DEFAULT_TRIALS
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MEASURES = ("nDCG@10", "R@100", "R@1000")
@@ -161,10 +162,18 @@ def measure_size(
         ledger.stage((*where, FINE_TUNED), inputs, tuned)
         runs[FINE_TUNED] = fine_tuned
 
+    def tested(compared: dict[str, dict]) -> list[dict]:
+        return [c.to_json() for c in compare_runs(qrels, compared, measures, args.trials, seed=0)]
+
     def compared() -> dict:
         loaded = {label: read(path) for label, path in runs.items()}
-        comparisons = compare_runs(qrels, loaded, measures, args.trials, seed=0)
-        return {"against": ZERO_SHOT, "measures": [c.to_json() for c in comparisons]}
+        result = {
+            "against": ZERO_SHOT,
+            "measures": tested({label: loaded[label] for label in (ZERO_SHOT, BM25, FUSED)}),
+        }
+        if FINE_TUNED in loaded:  # a test of its own, as `densekit compare` of the two runs gives
+            result["fine-tuned"] = tested({ZERO_SHOT: loaded[ZERO_SHOT], FINE_TUNED: loaded[FINE_TUNED]})
+        return result
 
     inputs = {label: ledger.data["sizes"][name][label]["made_from"] for label in runs}
     ledger.stage((*where, "paired tests"), {**inputs, "trials": args.trials}, compared)
@@ -172,16 +181,16 @@ def measure_size(
 
 def table(results: dict) -> str:
     """The results as markdown: a row per size and system, each measure, and its difference from
-    zero-shot with the randomisation test's Holm-corrected p."""
+    zero-shot with the randomisation test's p (Holm-corrected where several runs were tested)."""
     measures = next((list(size[ZERO_SHOT]["metrics"]) for size in results.get("sizes", {}).values()
                      if ZERO_SHOT in size), list(MEASURES))  # fmt: skip
     heading = ["size", "passages", "system", *measures, *(f"{m} - zero-shot (p)" for m in measures)]
     lines = ["| " + " | ".join(heading) + " |", "|" + "---|" * len(heading)]
     for name, size in results.get("sizes", {}).items():
-        tests = {
-            m["measure"]: {r["name"]: r for r in m["runs"]}
-            for m in size.get("paired tests", {}).get("measures", [])
-        }
+        paired = size.get("paired tests", {})
+        tests: dict[str, dict] = {}
+        for m in [*paired.get("measures", []), *paired.get("fine-tuned", [])]:
+            tests.setdefault(m["measure"], {}).update({r["name"]: r for r in m["runs"]})
         for label in (BM25, ZERO_SHOT, FUSED, FINE_TUNED):
             if label not in size:
                 continue
@@ -216,7 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--measures", nargs="+", default=list(MEASURES))
     parser.add_argument("--rrf-k", type=int, default=60)
     parser.add_argument("--fine-tuned", nargs="*", default=[], help="NAME=RUN: a fine-tuned model's run")
-    parser.add_argument("--trials", type=int, default=10_000, help="sign flips of the randomisation test")
+    parser.add_argument(
+        "--trials", type=int, default=DEFAULT_TRIALS, help="the randomisation test's sign flips"
+    )
     parser.add_argument("--batch-size", type=int, default=128, help="queries encoded at once")
     parser.add_argument("--work", type=Path, default=WORK / "wiki_quality", help="runs, sliced embeddings")
     parser.add_argument("--output", type=Path, help="the results' JSON (default: WORK/wiki_quality.json)")
