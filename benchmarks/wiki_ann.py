@@ -34,7 +34,8 @@ Results go to `--output` (JSON, with each run's command and machine) and a markd
 (`.md`), saved after every stage; a stage already measured from the same inputs is kept, so a killed
 run started again resumes (indexes stay under `--work/NAME/`). Run from the repository root:
 
-    A="nice -n 5 .venv/bin/python -m benchmarks.wiki_ann --embeddings runs/wiki/embeddings"
+    E="--embeddings runs/wiki/embeddings --work runs/wiki/bench"
+    A="nice -n 5 .venv/bin/python -m benchmarks.wiki_ann $E"
     $A --sizes 100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k \
         --output benchmarks/results/wiki_ann.json
     $A --sizes 100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k 1m=../shared/data/wiki1m \
@@ -68,10 +69,10 @@ from benchmarks.wiki_inputs import (
     parse_sizes,
     resident_mib,
     setup_logging,
+    wiki_parser,
     write_array,
 )
 
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEPTH = 10
 MIB = 2**20
 
@@ -101,6 +102,7 @@ def raw_faiss(spec: Any, vectors: np.ndarray, seed: int = 0) -> tuple[Any, dict]
     once, the spec's search parameters set; and its train and add seconds."""
     import faiss
 
+    from densekit.index.recall import set_parameters
     from densekit.index.spec import training_rows
 
     rows, dimension = vectors.shape
@@ -117,22 +119,9 @@ def raw_faiss(spec: Any, vectors: np.ndarray, seed: int = 0) -> tuple[Any, dict]
     trained = time.perf_counter()
     index.add(vectors)
     added = time.perf_counter()
-    set_raw_parameters(index, spec)
+    set_parameters(index, spec)
     return index, {"train_s": round(trained - start, 2), "add_s": round(added - trained, 2),
                    "build_s": round(added - start, 2)}  # fmt: skip
-
-
-def set_raw_parameters(index: Any, spec: Any) -> None:
-    """A raw faiss index's search parameters as `spec`'s."""
-    import faiss
-
-    space = faiss.ParameterSpace()
-    if spec.type == "hnsw":
-        space.set_index_parameter(index, "efSearch", spec.ef_search)
-    elif spec.type == "ivfpq":
-        space.set_index_parameter(index, "nprobe", spec.nprobe)
-        if spec.refine_k_factor is not None:
-            space.set_index_parameter(index, "k_factor_rf", spec.refine_k_factor)
 
 
 class SizeRun:
@@ -300,8 +289,10 @@ class SizeRun:
         queries a call."""
         import faiss
 
+        from densekit.index.recall import set_parameters
+
         raw = faiss.read_index(str(raw_file))
-        set_raw_parameters(raw, loaded.spec)
+        set_parameters(raw, loaded.spec)
         searches = {
             "densekit": lambda q: loaded.index.search(q, DEPTH),
             "faiss": lambda q: raw.search(q, DEPTH),
@@ -485,13 +476,7 @@ def plot(results: dict, output: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--sizes", nargs="+", required=True, help="NAME=FOLDER: a slice or the collection")
-    parser.add_argument("--embeddings", type=Path, required=True,
-                        help="an embedding folder of the whole corpus (or of the slice)")  # fmt: skip
-    parser.add_argument("--model", default=MODEL, help="the model that made the embeddings")
+    parser = wiki_parser(__doc__, "wiki_ann", WORK / "wiki_ann", "indexes")
     parser.add_argument("--target-recall", type=float, default=0.95)
     parser.add_argument(
         "--held-out-queries", type=int, help="meet the target on the first N train queries (all)"
@@ -505,9 +490,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sweep-threads", type=int, default=1)
     parser.add_argument("--sweep-batch", type=int, default=32)
     parser.add_argument("--skip", nargs="*", default=[], help="indexes left out (hnsw-m16, ivfpq, ...)")
-    parser.add_argument("--batch-size", type=int, default=128, help="queries encoded at once")
-    parser.add_argument("--work", type=Path, default=WORK / "wiki_ann", help="indexes, sliced embeddings")
-    parser.add_argument("--output", type=Path, help="the results' JSON (default: WORK/wiki_ann.json)")
     args = parser.parse_args(argv)
     if args.held_out_queries is not None and args.held_out_queries < 1:
         parser.error(f"--held-out-queries {args.held_out_queries}: give at least 1")

@@ -8,11 +8,14 @@ collection (`../shared/data/wiki1m`). Slices of one seed are nested subsets of t
 embedding folder of the whole corpus holds every slice's passages: a slice's rows are gathered by id,
 in the slice's corpus order, into an embedding folder of the slice's own (`import_embeddings`, which
 records the model and the slice's corpus digest), kept under the work folder with the identity of
-the embeddings it was taken from, and reused while that identity is unchanged.
+the embeddings it was taken from, and reused while that identity is unchanged. The two benchmarks may
+share one work folder (their files do not collide), and so gather each slice and encode the queries
+once.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -39,6 +42,23 @@ def setup_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     for name in ("benchmarks.wiki", "densekit", "densekit.index.recall"):
         logging.getLogger(name).setLevel(logging.INFO)
+
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def wiki_parser(doc: str, benchmark: str, work: Path, holds: str) -> argparse.ArgumentParser:
+    """The options both wiki benchmarks take: `--sizes`, `--embeddings`, `--model`, `--batch-size`,
+    `--work` (`work` by default; it `holds` what the benchmark keeps there) and `--output`."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", required=True, help="NAME=FOLDER: a slice or the collection")
+    parser.add_argument("--embeddings", type=Path, required=True,
+                        help="an embedding folder of the whole corpus (or of the slice)")  # fmt: skip
+    parser.add_argument("--model", default=MODEL, help="the model that made the embeddings")
+    parser.add_argument("--batch-size", type=int, default=128, help="queries encoded at once")
+    parser.add_argument("--work", type=Path, default=work, help=f"{holds}, sliced embeddings, query vectors")
+    parser.add_argument("--output", type=Path, help=f"the results' JSON (default: WORK/{benchmark}.json)")
+    return parser
 
 
 def parse_sizes(values: list[str]) -> dict[str, Path]:
@@ -198,7 +218,8 @@ class Ledger:
     """A benchmark's results as JSON at `path`, with each run's command (its `arguments`) and machine,
     written atomically after every stage. A stage found there measured from the same inputs (their
     digest, `made_from`) is kept, not measured again, while what it left on disk is still there
-    (`present`); `on_save` is called with the results and the stage's keys (none for the last save)
+    (`present`; a stage's inputs are data and settings, not the benchmark's code: results of changed
+    code go to a new file); `on_save` is called with the results and the stage's keys (none for the last save)
     before each write, to add what is derived from them and redraw tables and plots."""
 
     path: Path

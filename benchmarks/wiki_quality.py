@@ -23,7 +23,8 @@ saved after every stage. A stage already measured from the same inputs is kept: 
 again resumes. Run from the repository root (`runs/wiki/embeddings`: the whole corpus's embeddings):
 
     S="100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k 1m=../shared/data/wiki1m"
-    Q="nice -n 5 .venv/bin/python -m benchmarks.wiki_quality --embeddings runs/wiki/embeddings"
+    E="--embeddings runs/wiki/embeddings --work runs/wiki/bench"
+    Q="nice -n 5 .venv/bin/python -m benchmarks.wiki_quality $E"
     $Q --sizes $S --output benchmarks/results/wiki_quality.json
     nice -n 5 .venv/bin/densekit run recipes/wiki1m-round1.yaml --out runs/wiki/round1
     $Q --sizes $S --fine-tuned 100k=runs/wiki/round1/test.trec --output benchmarks/results/wiki_quality.json
@@ -40,10 +41,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks import WORK
-from benchmarks.wiki_inputs import Ledger, Passages, digest, parse_sizes, setup_logging
+from benchmarks.wiki_inputs import Ledger, Passages, digest, parse_sizes, setup_logging, wiki_parser
 from densekit.limits import DEFAULT_TRIALS
 
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MEASURES = ("nDCG@10", "R@100", "R@1000")
 ZERO_SHOT, BM25, FUSED, FINE_TUNED = "MiniLM zero-shot", "BM25", "RRF (BM25, MiniLM)", "fine-tuned"
 
@@ -213,13 +213,7 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--sizes", nargs="+", required=True, help="NAME=FOLDER: a slice or the collection")
-    parser.add_argument("--embeddings", type=Path, required=True,
-                        help="an embedding folder of the whole corpus (or of the slice)")  # fmt: skip
-    parser.add_argument("--model", default=MODEL, help="the model that made the embeddings")
+    parser = wiki_parser(__doc__, "wiki_quality", WORK / "wiki_quality", "runs")
     parser.add_argument("--split", default="test")
     parser.add_argument("--depth", type=int, default=1000, help="documents a run keeps per query")
     parser.add_argument("--measures", nargs="+", default=list(MEASURES))
@@ -228,9 +222,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--trials", type=int, default=DEFAULT_TRIALS, help="the randomisation test's sign flips"
     )
-    parser.add_argument("--batch-size", type=int, default=128, help="queries encoded at once")
-    parser.add_argument("--work", type=Path, default=WORK / "wiki_quality", help="runs, sliced embeddings")
-    parser.add_argument("--output", type=Path, help="the results' JSON (default: WORK/wiki_quality.json)")
     args = parser.parse_args(argv)
     sizes = parse_sizes(args.sizes)
     args.fine_tuned = {name: Path(run) for name, run in parse_sizes(args.fine_tuned).items()}
