@@ -38,45 +38,13 @@ from typing import Any
 import numpy as np
 
 from benchmarks import WORK
+from benchmarks.ann_measures import draw_sweeps, recall_against, sweep, timed_search
 from benchmarks.machine import machine_info
 from benchmarks.scale_collection import generate_collection, make_encoder
 
 COLLECTIONS = ("scifact", "nfcorpus", "vaswani", "cranfield")
 APPROXIMATE = ("ivfpq", "hnsw")
-NPROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-EF_SEARCHES = (10, 16, 32, 64, 128, 256, 512, 1024)
 OLD_POINTS_PER_LIST = 22  # 262,144 training vectors for the 11,894 lists automatic at 8.8M
-
-
-def timed_search(index: Any, queries: np.ndarray, k: int = 10, calls: int = 3) -> tuple[np.ndarray, float]:
-    """The top `k` rows of each query and the queries per second of the fastest of `calls` searches, on
-    faiss's threads: densekit searches a flat index in torch, which gets as many for the searches."""
-    import faiss
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(faiss.omp_get_max_threads())
-    try:
-        best = float("inf")
-        for _ in range(calls):
-            start = time.perf_counter()
-            hits = index.search(queries, k)
-            best = min(best, time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(threads)
-    return hits.labels, len(queries) / best
-
-
-def recall_against(found: np.ndarray, exact: np.ndarray) -> float:
-    """Mean share of each query's exact top rows among `found`'s."""
-    return float(
-        np.mean(
-            [
-                len(np.intersect1d(f[f >= 0], e[e >= 0])) / len(e[e >= 0])
-                for f, e in zip(found, exact, strict=True)
-            ]
-        )
-    )
 
 
 def encode(model: str, data: Path, embeddings: Path, device: str, batch: int) -> tuple[Any, Any]:
@@ -134,21 +102,6 @@ def build(
     seconds = time.perf_counter() - start
     recorded = read_manifest(folder).about["recall"]  # type: ignore[union-attr]
     return SearchIndex.load(folder), {**recorded, "target_error": error} if error else recorded, seconds
-
-
-def sweep(index: Any, queries: np.ndarray, exact: np.ndarray) -> list[dict]:
-    """Recall@10 against flat and queries per second over `nprobe` or `ef_search` values."""
-    if index.spec.type == "ivfpq":
-        name, values = "nprobe", [v for v in NPROBES if v <= index.spec.nlist] + [index.spec.nlist]
-    else:
-        name, values = "ef_search", list(EF_SEARCHES)
-    points = []
-    for value in sorted(set(values)):
-        index.set_search_parameters(**{name: value})
-        found, qps = timed_search(index, queries)
-        points.append({name: value, "recall@10": recall_against(found, exact), "qps": qps})
-    index.set_search_parameters()
-    return points
 
 
 def sample_effect(store: Any, folder: Path, queries: np.ndarray, exact: np.ndarray, nprobe: int) -> dict:
@@ -304,27 +257,12 @@ def plot(results: dict, output: Path) -> None:
         return
     figure, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.5), squeeze=False)
     for axis, (size, run) in zip(axes[0], sizes.items(), strict=True):
-        for kind, marker in (("ivfpq", "o"), ("hnsw", "s")):
-            if "sweep" not in run.get(kind, {}):
-                continue
-            points = run[kind]["sweep"]
-            name = "nprobe" if kind == "ivfpq" else "ef_search"
-            axis.plot(
-                [p["qps"] for p in points],
-                [p["recall@10"] for p in points],
-                marker=marker,
-                label=f"{kind} ({name})",
-            )
-            for p in points:
-                axis.annotate(str(p[name]), (p["qps"], p["recall@10"]), fontsize=7)
-            axis.plot(run[kind]["qps"], run[kind]["recall@10"], "*", markersize=14,
-                      label=f"{kind} at --target-recall {run[kind]['at_build'].get('target')}")  # fmt: skip
-        axis.axvline(run["flat"]["qps"], color="grey", linestyle="--", label="flat (recall 1)")
-        axis.set_xscale("log")
-        axis.set_xlabel("queries per second (k = 10, one call)")
-        axis.set_ylabel("recall@10 against flat (test queries)")
-        axis.set_title(f"{int(size):,} passages, one-layer encoder")
-        axis.legend(fontsize=8)
+        kinds = [kind for kind in ("ivfpq", "hnsw") if "sweep" in run.get(kind, {})]
+        chosen = {kind: (run[kind]["qps"], run[kind]["recall@10"],
+                         f"{kind} at --target-recall {run[kind]['at_build'].get('target')}")
+                  for kind in kinds}  # fmt: skip
+        curves = {kind: run[kind]["sweep"] for kind in kinds}
+        draw_sweeps(axis, curves, chosen, run["flat"]["qps"], f"{int(size):,} passages, one-layer encoder")
     figure.tight_layout()
     figure.savefig(output, dpi=120)
 
@@ -343,9 +281,7 @@ def main() -> None:
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--collections", nargs="+", default=list(COLLECTIONS))
-    parser.add_argument(
-        "--work", type=Path, default=WORK / "ann_recall", help="collections, artefacts"
-    )
+    parser.add_argument("--work", type=Path, default=WORK / "ann_recall", help="collections, artefacts")
     parser.add_argument("--shared", type=Path, default=Path("../shared/data"))
     parser.add_argument("--embeddings", type=Path, help="DIR/<collection>/embeddings to copy in first")
     parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
