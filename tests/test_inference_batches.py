@@ -43,6 +43,13 @@ def test_without_a_pass_cost_batches_hold_the_batch_size():
     assert length_batches(np.array([], dtype=np.int64), 4, 128) == []
 
 
+def test_where_cutting_gains_nothing_the_batches_are_those_of_the_batch_size():
+    # [8], [7, 6] costs what [8, 7], [6] does: the split without a pass cost is kept, so a padding model
+    # and a packing one (the base alone) put each text in a batch of the same shape
+    lengths = np.array([8, 7, 6])
+    assert length_batches(lengths, 2, 128) == length_batches(lengths, 2, None) == [(0, 2), (2, 3)]
+
+
 def test_a_long_text_among_short_ones_gets_a_batch_of_its_own_on_a_cpu():
     lengths = [5] * 20 + [300] + [6] * 11
     seen: list[np.ndarray] = []

@@ -54,7 +54,11 @@ def infer_in_batches(
 def length_batches(sorted_lengths: np.ndarray, most: int, per_pass: int | None) -> list[tuple[int, int]]:
     """The (start, end) of each batch of rows whose token counts `sorted_lengths` run longest first: at
     most `most` rows a batch, cut so that the padded tokens (each batch's rows times its first row's
-    length) plus `per_pass` tokens for each batch are fewest; `None`, batches of `most` rows.
+    length) plus `per_pass` tokens for each batch are fewest; `None`, batches of `most` rows. Of splits
+    that cost the same, the one whose earlier batches are fullest, as batches of `most` rows are: where
+    cutting gains nothing, a model that computes its padding is batched as one that does not, so a
+    module that adds nothing gives the base's vectors bit for bit (a CPU's matrix products sum a row
+    differently in a batch of another shape).
 
     By hand: padding-aware cuts of a sorted list are a small dynamic programme that neither transformers
     nor sentence-transformers offers (they batch a fixed number of texts). One numpy step a row."""
@@ -69,7 +73,7 @@ def length_batches(sorted_lengths: np.ndarray, most: int, per_pass: int | None) 
     for end in range(1, n + 1):
         low = max(0, end - most)
         totals = offset[low:end] + end * widths[low:end]
-        best = int(np.argmin(totals))  # the first of equals: the longest batch
+        best = len(totals) - 1 - int(np.argmin(totals[::-1]))  # the last of equals: fullest earlier batches
         cost[end], cut[end] = totals[best] + per_pass, low + best
         if end < n:
             offset[end] = cost[end] - end * widths[end]
