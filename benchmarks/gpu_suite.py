@@ -456,7 +456,13 @@ def main(argv: list[str] | None = None) -> dict:
         default=None,
         help="stop starting parts once this many seconds have passed (default 480 on a GPU)",
     )
-    parser.add_argument("--reference", type=Path, default=REFERENCE)
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        help=f"the CPU's float32 loss curve to compare with (default: {REFERENCE}); with --make-reference, "
+        "where to write one (given explicitly, so the committed curve is replaced only when asked)",
+    )
     parser.add_argument(
         "--make-reference",
         choices=["float32", "bf16"],
@@ -485,9 +491,11 @@ def main(argv: list[str] | None = None) -> dict:
         scifact = args.data / "scifact"
         if args.smoke and not (inputs / INPUTS_FILE).is_file():
             inputs, scifact = smoke_inputs(args.shared, args.wiki_corpus, work), args.shared / "scifact"
-        ctx = Context(device, plan, scifact, inputs, work, args.reference)
+        if args.make_reference and args.reference is None:
+            parser.error("--make-reference writes a curve: name its file with --reference")
+        ctx = Context(device, plan, scifact, inputs, work, args.reference or REFERENCE)
         if args.make_reference:
-            return write_reference(ctx, args.reference, args.make_reference)
+            return write_reference(ctx, ctx.reference, args.make_reference)
         return run_suite(ctx, chosen, args.fail_part, deadline, args.output, argv)
 
 

@@ -116,6 +116,7 @@ REGISTRY_PACKAGES = {  # each extension point's package of one file a piece, and
     "densekit.models.modules.kinds": "densekit.models.modules",
     "densekit.routing.strategies": "densekit.routing",
     "densekit.pretraining.objectives": "densekit.pretraining",
+    "densekit.index.backends": "densekit.index",
 }
 
 
@@ -127,7 +128,9 @@ def test_a_new_file_in_a_registry_package_needs_no_edit_of_the_import_contracts(
         named = {n.strip() for layer in layers[parent]["layers"] for n in layer.split("|")}
         assert package.rsplit(".", 1)[1] in named, package  # the package is one layer, its files inside it
         assert not any("." in name for name in named), parent  # no layer names a file of the package
-    assert independent == {"densekit.models.modules.kinds.*", "densekit.routing.strategies.*"}
+    assert independent == {
+        "densekit.models.modules.kinds.*", "densekit.routing.strategies.*", "densekit.index.backends.*"
+    }
 
 
 def test_each_how_to_add_example_is_a_new_file_its_registry_package_would_find():

@@ -14,6 +14,7 @@ SCRIPTS = sorted(
     path.stem
     for path in (ROOT / "benchmarks").glob("*.py")
     if path.stem != "__init__"
+    and "def main(" in path.read_text(encoding="utf-8")
     and any(made in path.read_text(encoding="utf-8") for made in ("ArgumentParser(", "rounds_parser("))
 )
 

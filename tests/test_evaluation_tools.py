@@ -265,9 +265,13 @@ def test_diagnose_negatives_finds_the_constructed_overlap_and_margins(
     queries, _ = dataset.split_queries("train")
     depth = 5
     examples, expected_margins = [], []
-    for query_id, text in list(queries.items())[:4]:
-        query_vector = embed_texts(encoder, [text], "query")[0]
-        ranked = sorted(vectors, key=lambda d: -float(vectors[d] @ query_vector))
+    chosen = list(queries.items())[:4]
+    # encoded and searched together, as the diagnostic does, so that which documents are in the top 5
+    # does not hang on near-ties that a batch of another shape sums differently
+    query_vectors = embed_texts(encoder, [text for _, text in chosen], "query")
+    rankings = index.search(query_vectors, len(vectors)).doc_ids()
+    for (query_id, text), query_vector, ranking in zip(chosen, query_vectors, rankings, strict=True):
+        ranked = list(ranking)
         positive = ranked[-1]  # the lowest-ranked document, so that no negative is it
         negatives = [ranked[0], ranked[4], ranked[5]]  # the first and fifth are in the top 5, the sixth not
         examples.append(

@@ -84,6 +84,11 @@ def test_matryoshka_at_the_full_width_alone_is_the_plain_loss(collection, still_
     assert max_difference(gradients(plain.encoder), gradients(full.encoder)) < 1e-10
 
 
+def figures(result: dict) -> dict[str, float]:
+    """A step's figures read as numbers (the trainer leaves them on the device until its log line)."""
+    return {name: float(value) for name, value in result.items()}
+
+
 def cutting_task(collection, model: Path, dimensions: int) -> ContrastiveTask:
     """A plain (not Matryoshka) task whose encoder cuts its own vectors to `dimensions`."""
     config = make_config(collection, model, optim={"batch_size": 8}, **normalised())
@@ -98,11 +103,11 @@ def test_the_loss_is_the_weighted_sum_of_the_losses_of_encoders_cutting_to_each_
     """Each width's term is the plain loss of an encoder that cuts its vectors to that width itself
     (pooled, cut, then normalised), so training cuts vectors as `--dimensions` does."""
     matryoshka = make_task(matryoshka_config(collection, still_model, optim={"batch_size": 8}))
-    result = matryoshka.forward_backward(matryoshka.batch(1, 0))
+    result = figures(matryoshka.forward_backward(matryoshka.batch(1, 0)))
     expected_loss, expected_gradients = 0.0, None
     for width, weight in zip(WIDTHS["dims"], WIDTHS["weights"], strict=True):
         task = cutting_task(collection, still_model, width)
-        loss = task.forward_backward(task.batch(1, 0))["loss"]
+        loss = float(task.forward_backward(task.batch(1, 0))["loss"])
         assert result[f"loss_{width}d"] == pytest.approx(loss, abs=1e-10)
         expected_loss += weight * loss
         scaled = {name: weight * grad for name, grad in gradients(task.encoder).items()}
@@ -122,7 +127,7 @@ def test_grad_cache_with_matryoshka_equals_the_full_batch(collection, still_mode
         matryoshka_config(collection, still_model, optim={"batch_size": 8},
                           grad_cache={"enabled": True, "chunk_size": 3})
     )  # fmt: skip
-    plain_result = plain.forward_backward(plain.batch(1, 0))
+    plain_result = figures(plain.forward_backward(plain.batch(1, 0)))
     cached_result = cached.forward_backward(cached.batch(1, 0))
     assert set(plain_result) == {"loss", "loss_contrastive", "loss_32d", "loss_16d", "loss_8d"}
     for key, value in plain_result.items():
@@ -137,7 +142,7 @@ def test_grad_cache_with_matryoshka_and_distillation_equals_the_full_batch(score
         matryoshka_config(scored, still_model, optim={"batch_size": 8}, loss=loss,
                           grad_cache={"enabled": True, "chunk_size": 3})
     )  # fmt: skip
-    plain_result = plain.forward_backward(plain.batch(1, 0))
+    plain_result = figures(plain.forward_backward(plain.batch(1, 0)))
     cached_result = cached.forward_backward(cached.batch(1, 0))
     for key in ("loss", "loss_contrastive", "loss_distillation", "loss_8d"):
         assert abs(plain_result[key] - cached_result[key]) < 1e-10
