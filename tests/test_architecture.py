@@ -129,7 +129,9 @@ def test_a_new_file_in_a_registry_package_needs_no_edit_of_the_import_contracts(
         assert package.rsplit(".", 1)[1] in named, package  # the package is one layer, its files inside it
         assert not any("." in name for name in named), parent  # no layer names a file of the package
     assert independent == {
-        "densekit.models.modules.kinds.*", "densekit.routing.strategies.*", "densekit.index.backends.*"
+        "densekit.models.modules.kinds.*",
+        "densekit.routing.strategies.*",
+        "densekit.index.backends.*",
     }
 
 
