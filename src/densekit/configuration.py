@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from densekit.diagnostics import DataError, Problem
-from densekit.errors import DensekitError
+from densekit.errors import DensekitError, SettingError
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 Key = tuple[str, ...]
@@ -184,7 +184,7 @@ def yaml_value(text: str, source: str) -> Any:
         message = problem.message
         if message.startswith("malformed YAML: "):
             message = f"malformed YAML value ({message.removeprefix('malformed YAML: ')})"
-        raise ValueError(f"{source}: {message}") from None
+        raise SettingError(f"{source}: {message}") from None
 
 
 class ConfigError(DataError):
@@ -204,10 +204,10 @@ def split_override(override: str) -> tuple[Key, str]:
     """The dotted key of `key.sub=value` and its raw value."""
     key, sep, raw = override.partition("=")
     if not sep or not key:
-        raise ValueError(f"override {override!r} is not of the form key.sub=value")
+        raise SettingError(f"override {override!r} is not of the form key.sub=value")
     parts = tuple(key.split("."))
     if not all(parts):
-        raise ValueError(f"override {override!r}: an empty part in the key (give it as key.sub=value)")
+        raise SettingError(f"override {override!r}: an empty part in the key (give it as key.sub=value)")
     return parts, raw
 
 
@@ -219,7 +219,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ValueError(f"command-line override {override}: {part!r} is not a section")
+                raise SettingError(f"command-line override {override}: {part!r} is not a section")
             node = child
         node[parts[-1]] = yaml_value(raw, f"command-line override {override}") if raw else ""
     return tree

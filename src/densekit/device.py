@@ -7,6 +7,8 @@ from typing import Literal
 
 import torch
 
+from densekit.errors import SettingError
+
 Precision = Literal["float32", "bf16", "fp16"]
 _AUTOCAST_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -17,7 +19,7 @@ def resolve_device(device: str = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but torch sees no GPU")
+        raise SettingError(f"device {device!r} asked for, but torch sees no GPU")
     return resolved
 
 
@@ -26,9 +28,9 @@ def autocast(device: torch.device, precision: Precision) -> contextlib.AbstractC
     if precision == "float32":
         return contextlib.nullcontext()
     if precision not in _AUTOCAST_TYPES:
-        raise ValueError(f"unknown precision {precision!r}: expected float32, bf16 or fp16")
+        raise SettingError(f"unknown precision {precision!r}: expected float32, bf16 or fp16")
     if precision == "fp16" and device.type != "cuda":
-        raise ValueError("fp16 needs a GPU; use bf16 or float32 on the CPU")
+        raise SettingError("fp16 needs a GPU; use bf16 or float32 on the CPU")
     return torch.autocast(device_type=device.type, dtype=_AUTOCAST_TYPES[precision])
 
 

@@ -16,3 +16,18 @@ class DensekitError(Exception):
     command line prints it as it is and exits with status 2 (`densekit.cli.main`). `DataError` is the
     one subclass whose message may hold several lines, one a problem.
     """
+
+
+class SettingError(DensekitError, ValueError):
+    """A setting densekit refuses: a command-line option, a config or recipe key, an override, or a
+    combination of them that cannot be used together. The message names the setting."""
+
+
+class InputError(DensekitError, ValueError):
+    """Input densekit refuses: a file, a run, vectors, a model or a module that does not fit what it is
+    given for (the wrong shape, other weights, ids that do not match). The message names the input."""
+
+
+class StateError(DensekitError, RuntimeError):
+    """Work densekit cannot do in the state it finds: a package not installed, a service not started, a
+    file that changed while it was read, an export made for another module."""

@@ -13,6 +13,7 @@ from densekit.data.dataset import Dataset
 from densekit.data.examples import TrainingExample, check_example_ids, read_examples
 from densekit.data.records import Document
 from densekit.diagnostics import Diagnostics
+from densekit.errors import InputError
 from densekit.evaluation.in_memory import evaluate_encoder
 from densekit.io.lock import holding
 from densekit.models.cross_encoder import CrossEncoder
@@ -89,7 +90,7 @@ def run_training(
     evaluation_split = dataset.split_queries(config.eval.split) if config.eval.split is not None else None
 
     if config.modules is None and is_module_folder(config.model.path):
-        raise ValueError(
+        raise InputError(
             f"model.path {config.model.path} is a module folder: set the modules section to train that "
             "module, or start from its base to fine-tune the whole model"
         )

@@ -21,6 +21,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from densekit.errors import SettingError
+
 stderr_console = Console(stderr=True)
 INTERVAL_VARIABLE = "DENSEKIT_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL_S = 30.0
@@ -71,7 +73,7 @@ def progress_interval() -> float:
     except ValueError:
         seconds = float("nan")
     if not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S:  # NaN too
-        raise ValueError(
+        raise SettingError(
             f"{INTERVAL_VARIABLE}={text[:100]!r}: give the seconds between progress lines, from "
             f"{MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:,.0f}"
         )

@@ -20,6 +20,7 @@ from densekit.ance.versions import NegativeVersions
 from densekit.configuration import load_config
 from densekit.data.dataset import Dataset
 from densekit.device import resolve_device
+from densekit.errors import StateError
 from densekit.mining.filters import choose_negatives
 from densekit.mining.mine import dense_candidates
 from densekit.models.encoder import DenseEncoder
@@ -46,7 +47,7 @@ def refresh(
     began = time.perf_counter()
     previous = versions.latest()
     if previous is None:
-        raise RuntimeError(f"{versions.root} holds no version 0; the trainer publishes it when it starts")
+        raise StateError(f"{versions.root} holds no version 0; the trainer publishes it when it starts")
     examples, _ = versions.load(previous)
     version = previous + 1
     settings = config.ance

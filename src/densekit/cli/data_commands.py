@@ -16,6 +16,7 @@ from densekit.cli.options import COLLECTION_HELP, DataDirArg, OverwriteOpt, coll
 from densekit.data.trec import read_qrels, read_run
 from densekit.data.validate import validate_dataset
 from densekit.diagnostics import Diagnostics
+from densekit.errors import InputError, SettingError
 from densekit.evaluation import DEFAULT_MEASURES, PER_QUERY_KIND, SCORES_KIND, evaluate, evaluate_per_query
 from densekit.io.outputs import check_file_output, command_identity, write_output_text
 from densekit.limits import MAX_PER_DOCUMENT
@@ -77,7 +78,7 @@ def evaluate_command(
     ranked = read_run(run, diagnostics)
     shared = set(ranked) & set(judgements)
     if not shared:
-        raise ValueError(f"{run} and {qrels} share no query ids")
+        raise InputError(f"{run} and {qrels} share no query ids")
     unjudged = len(set(ranked) - shared)
     scores = evaluate(judgements, ranked, names)
     table = Table("measure", "value", title=f"{run.name}: {len(judgements)} judged queries")
@@ -218,13 +219,13 @@ def pseudo_query_settings(options: dict) -> PseudoQuerySettings:
     words = options["words"]
     low, sep, high = words.partition("-")
     if not sep or not low.isdigit() or not high.isdigit():
-        raise ValueError(f"--words {words!r} is not of the form min-max, e.g. 8-24")
+        raise SettingError(f"--words {words!r} is not of the form min-max, e.g. 8-24")
     fields = {k: v for k, v in options.items() if k != "words"}
     fields.update(min_words=int(low), max_words=int(high))
     if fields["min_words"] > fields["max_words"]:
-        raise ValueError(f"--words {words}: the shortest length is above the longest")
+        raise SettingError(f"--words {words}: the shortest length is above the longest")
     if fields["method"] in ("title", "lead") and fields["per_document"] != 1:
-        raise ValueError(f"--per-document {fields['per_document']}: for span and keywords only")
+        raise SettingError(f"--per-document {fields['per_document']}: for span and keywords only")
     try:
         return PseudoQuerySettings(**fields)
     except ValidationError as err:
@@ -232,7 +233,7 @@ def pseudo_query_settings(options: dict) -> PseudoQuerySettings:
         field = str(first["loc"][0]) if first["loc"] else "method"
         option, allowed = _PSEUDO_QUERY_OPTIONS.get(field, (f"--{field.replace('_', '-')}", first["msg"]))
         value = words if option == "--words" else fields.get(field)
-        raise ValueError(f"{option} {value!r}: {allowed}") from None
+        raise SettingError(f"{option} {value!r}: {allowed}") from None
 
 
 def register(app: typer.Typer) -> None:

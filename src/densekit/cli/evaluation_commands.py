@@ -30,6 +30,7 @@ from densekit.cli.options import (
 )
 from densekit.data.trec import RUN_KIND, read_qrels, read_run, write_run
 from densekit.diagnostics import Diagnostics
+from densekit.errors import InputError, SettingError
 from densekit.evaluation.measures import SCORES_KIND, parse_measures
 from densekit.io.outputs import check_file_output, command_identity, write_output_text
 from densekit.limits import DEFAULT_TRIALS, MAX_RUN_DEPTH, MAX_TRIALS
@@ -71,12 +72,12 @@ def run_labels(paths: list[Path], names: list[str] | None) -> list[str]:
     from the others."""
     if names:
         if len(names) != len(paths):
-            raise ValueError(
+            raise SettingError(
                 f"--name given {len(names)} times for {len(paths)} runs: give one per run, in order"
             )
         repeated = next((name for name in names if names.count(name) > 1), None)
         if repeated is not None:
-            raise ValueError(f"--name {repeated!r} is given twice: name each run differently")
+            raise SettingError(f"--name {repeated!r} is given twice: name each run differently")
         return list(names)
     here = Path.cwd().resolve()
     suffixes = short_names(paths)
@@ -189,7 +190,7 @@ def compare(
     from densekit.evaluation.compare import compare_runs, plot_differences
 
     if len(runs) < 2:
-        raise ValueError("give at least two runs to compare")
+        raise SettingError("give at least two runs to compare")
     inputs = [qrels, *runs]
     measures = measure or ["nDCG@10"]
     identity = command_identity("compare", {"measures": measures, "trials": trials, "seed": seed}, inputs)
@@ -200,12 +201,12 @@ def compare(
     diagnostics = Diagnostics()
     judgements = read_qrels(qrels, diagnostics)
     if len({p.resolve() for p in runs}) != len(runs):
-        raise ValueError("a run is given twice")
+        raise SettingError("a run is given twice")
     names = run_labels(runs, name)
     loaded = {label: read_run(path, diagnostics) for label, path in zip(names, runs, strict=True)}
     for label, run in loaded.items():
         if not set(run) & set(judgements):
-            raise ValueError(f"{label} and {qrels} share no query ids")
+            raise InputError(f"{label} and {qrels} share no query ids")
     comparisons = compare_runs(judgements, loaded, measures, trials, seed)
     for comparison in comparisons:
         table = Table(
@@ -273,7 +274,7 @@ def _fusion_weights(weights: str | None, runs: int) -> list[float] | None:
     try:
         parsed = [float(w) for w in weights.split(",")]
     except ValueError:
-        raise ValueError(f"--weights {weights}: give numbers separated by commas, e.g. 0.3,0.7") from None
+        raise SettingError(f"--weights {weights}: give numbers separated by commas, e.g. 0.3,0.7") from None
     check_weights(parsed, runs, f"--weights {weights}")
     return parsed
 

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from densekit.cli.options import DeviceOpt, OverwriteOpt, collections
+from densekit.errors import SettingError
 
 log = logging.getLogger("densekit")
 
@@ -68,7 +69,7 @@ def _load_modules(folders: list[Path]):
     from densekit.routing.route import load_modules
 
     if len(folders) < 2:
-        raise ValueError("give two or more module folders")
+        raise SettingError("give two or more module folders")
     return load_modules(folders)
 
 
@@ -98,14 +99,14 @@ def route(
     for item in domain:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
-            raise ValueError(f"--domain {item!r} is not DOMAIN=MODULE_NAME")
+            raise SettingError(f"--domain {item!r} is not DOMAIN=MODULE_NAME")
         if key in pairs:
-            raise ValueError(f"--domain {key} given twice ({key}={pairs[key]}, {item}): give a domain once")
+            raise SettingError(f"--domain {key} given twice ({key}={pairs[key]}, {item}): give a domain once")
         pairs[key] = value
     encoder, names = _load_modules(modules)
     unknown = sorted({*pairs.values(), *([fallback] if fallback else [])} - {*names, BASE})
     if unknown:
-        raise ValueError(
+        raise SettingError(
             f"--domain/--fallback name {', '.join(map(repr, unknown))}: no module of that name was given "
             f"(the modules: {', '.join(names)}; or {BASE!r} for the base alone)"
         )
@@ -134,7 +135,7 @@ def average(
     try:
         values = [float(w) for w in weights.split(",")]
     except ValueError:
-        raise ValueError(f"--weights {weights!r} is not a comma-separated list of numbers") from None
+        raise SettingError(f"--weights {weights!r} is not a comma-separated list of numbers") from None
     average_modules(encoder, names, values, name)
     encoder.activate(name)
     _check_module_folder(output, encoder, modules, overwrite)
@@ -193,7 +194,7 @@ def diagnose(
     from densekit.routing.route import Route
 
     if domain and len(domain) != len(data_dirs):
-        raise ValueError(f"{len(domain)} --domain values for {len(data_dirs)} collections")
+        raise SettingError(f"{len(domain)} --domain values for {len(data_dirs)} collections")
     inputs = [route_dir, *data_dirs]
     identity = command_identity("modules diagnose", {"split": split, "domains": domain}, inputs)
     for path, kind in ((json_output, "routing report"), (plot, PLOT_KIND)):

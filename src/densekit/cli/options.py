@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from densekit.errors import SettingError
 from densekit.limits import MAX_RUN_DEPTH
 from densekit.models.config import EncoderOptions, Pooling
 
@@ -175,7 +176,7 @@ def load_model(
     from densekit.routing.route import is_route_folder
 
     if domain and not is_route_folder(model):
-        raise ValueError("--domain chooses a module through a route: give a route folder as MODEL")
+        raise SettingError("--domain chooses a module through a route: give a route folder as MODEL")
     given = [f"--{name.replace('_', '-')}" for name, value in command_options.items() if value is not None]
     encoder, route = load_model_or_route(model, device, options, given)
     if route is not None:
@@ -187,7 +188,7 @@ def check_model_inputs(model: str, options: EncoderOptions) -> None:
     """Refuse a mistyped MODEL (`check_model_name`) or --module folder, before torch is imported."""
     check_model_name(model)
     if options.module is not None and not Path(options.module).is_dir():
-        raise ValueError(f"--module {options.module}: module folder not found")
+        raise SettingError(f"--module {options.module}: module folder not found")
 
 
 def check_index_folder(folder: Path) -> None:
@@ -227,7 +228,7 @@ def check_route_domains(model: str, route: Route, domain: object) -> None:
         return
     unknown = [name for name in given if name not in spec.domains]
     if unknown:
-        raise ValueError(
+        raise SettingError(
             f"--domain {unknown[0]!r}: the route {model} routes the domains {', '.join(spec.domains)} "
             "(and has no fallback for others)"
         )

@@ -37,6 +37,7 @@ from densekit.cli.options import (
 )
 from densekit.data.dataset import Dataset
 from densekit.data.trec import RUN_KIND, write_run
+from densekit.errors import InputError, SettingError
 from densekit.index.spec import IndexSpec, SpecError
 from densekit.io.outputs import check_file_output, command_identity
 from densekit.models.config import EncoderOptions
@@ -123,7 +124,7 @@ def encode(
     holding embeddings of another model, setting or corpus is refused unless --overwrite.
     """
     if maxp_stride is not None and not maxp:
-        raise ValueError("--maxp-stride needs --maxp")
+        raise SettingError("--maxp-stride needs --maxp")
     dataset = Dataset.open(data_dir)  # a mistyped folder or model is refused before torch is imported
     check_model_inputs(model, encoder_options)
     from densekit.encoding.corpus import Shard, encode_corpus
@@ -197,7 +198,7 @@ def _setting_value(text: str) -> tuple[str, str]:
     """`--setting NAME=VALUE` as (NAME, VALUE), the backend's spec reading VALUE as its field's type."""
     name, equals, value = text.partition("=")
     if not equals or not name.strip():
-        raise ValueError(f"--setting {text}: give NAME=VALUE, NAME a setting of the backend's spec")
+        raise SettingError(f"--setting {text}: give NAME=VALUE, NAME a setting of the backend's spec")
     return name.strip().replace("-", "_"), value
 
 
@@ -330,9 +331,9 @@ def _check_recall_options(
     measure or target (and no reason to encode --queries). `named`: the backend was given by name."""
     if target_recall is not None and not 0 < target_recall <= 1:
         number = "" if math.isfinite(target_recall) else " not a finite number;"
-        raise ValueError(f"--target-recall {target_recall}:{number} give a recall above 0, at most 1")
+        raise SettingError(f"--target-recall {target_recall}:{number} give a recall above 0, at most 1")
     if (queries is None) != (model is None):
-        raise ValueError("--queries and --model go together: the queries are encoded by the model that "
+        raise SettingError("--queries and --model go together: the queries are encoded by the model that "
                          "encoded EMBEDDINGS")  # fmt: skip
     given = [name for name, value in (("--target-recall", target_recall), ("--queries", queries))
              if value is not None]  # fmt: skip
@@ -344,7 +345,7 @@ def _check_recall_options(
         exact = f"--backend {backend.backend}" if named and every_type_exact else f"--type {index_type}"
         approximate = [name for found in registered_backends().values() for name in found.types
                        if name not in found.exact_types]  # fmt: skip
-        raise ValueError(f"{' and '.join(given)}: an index of {exact} searches exactly (recall 1); these "
+        raise SettingError(f"{' and '.join(given)}: an index of {exact} searches exactly (recall 1); these "
                          f"options are for --type {one_of(approximate)}")  # fmt: skip
 
 
@@ -360,10 +361,10 @@ def _encoded_queries(recall: Any, queries: Path, model: str, store: Any) -> Any:
 
     texts = read_jsonl_queries(queries, Diagnostics())
     if not texts:
-        raise ValueError(f"--queries {queries}: holds no queries")
+        raise InputError(f"--queries {queries}: holds no queries")
     encoder, _ = load_model(model, "auto", EncoderOptions())
     if store.identity["model"]["weights"] != encoder.passage_fingerprint():
-        raise ValueError(f"--model {model}: {store.folder} was encoded by other model weights; give the "
+        raise InputError(f"--model {model}: {store.folder} was encoded by other model weights; give the "
                          "model that encoded it")  # fmt: skip
     encoder.eval()
     vectors = embed_texts(encoder, list(texts.values()), "query")

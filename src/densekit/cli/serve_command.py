@@ -16,6 +16,7 @@ import typer
 
 from densekit.cli.options import ModelArg, check_index_folder, check_model_name, load_model
 from densekit.cli.serve_options import API_KEY_VARIABLE, Access, Served, with_serve_options
+from densekit.errors import InputError, SettingError, StateError
 from densekit.models.config import EncoderOptions
 from densekit.serving.settings import Batching, ConnectionLimits, Limits
 
@@ -38,14 +39,14 @@ def read_api_key(api_key_file: Path | None) -> str | None:
         lines = api_key_file.read_text(encoding="utf-8").splitlines()
         key = lines[0].strip() if lines else ""
         if not key:
-            raise ValueError(f"{api_key_file}:1: empty: write the token on the first line")
+            raise InputError(f"{api_key_file}:1: empty: write the token on the first line")
         _check_token(key, f"{api_key_file}:1")
         return key
     if API_KEY_VARIABLE not in os.environ:
         return None
     key = os.environ[API_KEY_VARIABLE].strip()
     if not key:
-        raise ValueError(f"{API_KEY_VARIABLE} is set but blank: set it to the token, or unset it to serve "
+        raise SettingError(f"{API_KEY_VARIABLE} is set but blank: set it to the token, or unset it to serve "
                          "without one (on a loopback address only)")  # fmt: skip
     _check_token(key, API_KEY_VARIABLE)
     return key
@@ -53,7 +54,7 @@ def read_api_key(api_key_file: Path | None) -> str | None:
 
 def _check_token(key: str, where: str) -> None:
     if not _TOKEN.fullmatch(key):
-        raise ValueError(
+        raise SettingError(
             f"{where}: the token holds characters other than printable ASCII, which an HTTP header cannot "
             "carry as they are: use letters, digits and punctuation (e.g. `openssl rand -hex 24`)"
         )
@@ -64,7 +65,7 @@ def allowed_hosts(host: str, names: list[str]) -> list[str]:
     is a name) and each `--allowed-host`, checked to be host names (or "*", any)."""
     for name in names:
         if not _HOST_NAME.fullmatch(name):
-            raise ValueError(
+            raise SettingError(
                 f"--allowed-host {name!r}: give a host name (e.g. search.example.com), without scheme, port "
                 "or path, or * for any"
             )
@@ -85,7 +86,7 @@ def claim_port(host: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         reason = err.strerror or str(err)
-        raise ValueError(
+        raise SettingError(
             f"--host {host} --port {port}: cannot listen there ({reason}): stop what holds it or choose "
             "another --port"
         ) from None
@@ -96,7 +97,7 @@ def _module_and_index(text: str) -> tuple[Path, Path]:
     """`MODULE_DIR=INDEX_DIR` as two paths."""
     module_dir, sep, index_dir = text.partition("=")
     if not sep or not module_dir or not index_dir:
-        raise ValueError(f"--module-index {text}: give MODULE_DIR=INDEX_DIR")
+        raise SettingError(f"--module-index {text}: give MODULE_DIR=INDEX_DIR")
     return Path(module_dir), Path(index_dir)
 
 
@@ -138,14 +139,14 @@ def check_before_loading(
 def _check_precision(backend: str, precision: str) -> None:
     """Refuse a --backend densekit has not, and a --precision it does not run."""
     if backend not in _PRECISIONS:
-        raise ValueError(f"--backend {backend}: expected torch or onnx")
+        raise SettingError(f"--backend {backend}: expected torch or onnx")
     if precision in _PRECISIONS[backend]:
         return
     if backend == "onnx":
-        raise ValueError(f"--backend onnx runs float32 or int8, not {precision}")
+        raise SettingError(f"--backend onnx runs float32 or int8, not {precision}")
     if precision == "int8":
-        raise ValueError("--precision int8 runs through ONNX Runtime: add --backend onnx")
-    raise ValueError(
+        raise SettingError("--precision int8 runs through ONNX Runtime: add --backend onnx")
+    raise SettingError(
         f"--precision {precision}: expected auto, float32, bf16, fp16 or (with --backend onnx) int8"
     )
 
@@ -173,7 +174,7 @@ def _serve_on(app: object, sock: socket.socket, host: str, port: int, limits: Co
     server = Server(server_config(app, host, port, limits))
     server.run(sockets=[sock])
     if not server.started:
-        raise RuntimeError(f"the service did not start on {host}:{port}: see the log above")
+        raise StateError(f"the service did not start on {host}:{port}: see the log above")
 
 
 @with_serve_options
@@ -199,13 +200,15 @@ def serve(
     host, port, backend = access.host, access.port, served.backend
     api_key = read_api_key(access.api_key_file)
     if api_key is None and not _is_loopback(host):
-        raise ValueError(
+        raise SettingError(
             f"--host {host} is reachable from other machines: give a token with --api-key-file or "
             f"{API_KEY_VARIABLE}"
         )
     hosts = allowed_hosts(host, access.allowed_host)
     if backend == "onnx" and served.module_index:
-        raise ValueError(f"--backend {backend} serves one model and its index: not a route or --module-index")
+        raise SettingError(
+            f"--backend {backend} serves one model and its index: not a route or --module-index"
+        )
     # before torch loads: its idle OpenMP threads sleep rather than spin beside the event loop
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (docs/performance.md, "Serving")
     with claim_port(host, port) as sock:  # before torch and the model load: a port in use fails at once
@@ -217,7 +220,7 @@ def serve(
         retrievers = _retrievers(model, index_dir, served.corpus, options, extra, served.device,
                                  served.mmap_index)  # fmt: skip
         if backend == "onnx" and retrievers[0].route is not None:
-            raise ValueError(f"--backend {backend} serves one model and its index: not a route")
+            raise SettingError(f"--backend {backend} serves one model and its index: not a route")
         query_precision, precision, reason = _precision(retrievers[0].encoder, backend, served.precision)
         app = create_app(retrievers, api_key, limits, batching, query_precision,
                          served.served_model_name or model, access.open_metrics, reason, hosts)  # fmt: skip
@@ -248,7 +251,7 @@ def _retrievers(
         Retriever.over(encoder, index_dir, corpus, show_progress=True, route=route, mmap_index=mmap_index)
     ]
     if retrievers[0].route is not None and extra:
-        raise ValueError(f"{model} is a route: it serves its modules itself; --module-index does not apply")
+        raise SettingError(f"{model} is a route: it serves its modules itself; --module-index does not apply")
     for module_dir, extra_index in extra:
         encoder.load_module(module_dir)  # shares the base; activated while its retriever is checked
         retrievers.append(

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from densekit.cli.options import BackendOpt, DeviceOpt, DimensionsOpt, MmapIndexOpt, ModuleOpt
+from densekit.errors import SettingError
 from densekit.serving.settings import Batching, ConnectionLimits, Limits
 
 API_KEY_VARIABLE = "DENSEKIT_API_KEY"
@@ -147,7 +148,7 @@ def _limits(request_timeout: float, **given: Any) -> Limits:
     """The service's `Limits`, a --request-timeout of 0 meaning none; a --max-queued below --max-queries
     refused."""
     if given["max_queued"] < given["max_queries"]:
-        raise ValueError(
+        raise SettingError(
             f"--max-queued {given['max_queued']} is below --max-queries {given['max_queries']}: a request of "
             "more texts than the queue holds would be refused as busy however long it waited"
         )
@@ -181,7 +182,7 @@ def _connections(header_timeout: float, body_timeout: float, idle_timeout: float
     for flag, seconds in (("--header-timeout", header_timeout), ("--body-timeout", body_timeout),
                           ("--idle-timeout", idle_timeout)):  # fmt: skip
         if seconds <= 0:
-            raise ValueError(f"{flag} {seconds:g}: give a number of seconds above 0")
+            raise SettingError(f"{flag} {seconds:g}: give a number of seconds above 0")
     return ConnectionLimits(header_timeout_s=header_timeout, body_timeout_s=body_timeout,
                             idle_timeout_s=idle_timeout, max_connections=max_connections)  # fmt: skip
 

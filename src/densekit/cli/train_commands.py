@@ -17,6 +17,7 @@ from densekit.cli.options import (
     RemoteCodeOpt,
     TorchPrecisionOpt,
 )
+from densekit.errors import SettingError
 from densekit.limits import MAX_RUN_DEPTH
 
 ResumeOpt = Annotated[
@@ -46,7 +47,7 @@ def report_to_override(names: list[str] | None) -> list[str]:
     chosen = [part.strip() for name in names for part in name.split(",")]
     if "" in chosen:
         given = ", ".join(repr(name) for name in names)
-        raise ValueError(
+        raise SettingError(
             f"--report-to {given}: an empty tracker name; give tensorboard, mlflow, wandb or none"
         )
     chosen = [name for name in chosen if name != "none"]
@@ -184,21 +185,21 @@ def mine(
 
     first, sep, last = ranks.partition("-")
     if not sep or not first.isdigit() or not last.isdigit():
-        raise ValueError(f"--ranks {ranks!r} is not of the form first-last, e.g. 10-200")
+        raise SettingError(f"--ranks {ranks!r} is not of the form first-last, e.g. 10-200")
     if not 1 <= int(first) <= int(last) <= MAX_RUN_DEPTH:
-        raise ValueError(f"--ranks {ranks}: give 1 <= first <= last <= {MAX_RUN_DEPTH}")
+        raise SettingError(f"--ranks {ranks}: give 1 <= first <= last <= {MAX_RUN_DEPTH}")
     settings = MiningSettings(
         first_rank=int(first), last_rank=int(last), count=count, margin=margin,
         relative_margin=relative_margin, exclude_identical=not keep_identical, seed=seed,
     )  # fmt: skip
     if examples is not None and (split is not None or min_relevance != 1):
-        raise ValueError(
+        raise SettingError(
             "--examples gives the queries and positives: --split and --min-relevance do not apply"
         )
     if source == "dense" and model is None:
-        raise ValueError("--source dense needs --model")
+        raise SettingError("--source dense needs --model")
     if module is not None and model is None:
-        raise ValueError("--module needs --model, its base")
+        raise SettingError("--module needs --model, its base")
     encoder = (
         DenseEncoder.load(model, module=module).to(resolve_device(device)) if source == "dense" else None
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from densekit.data.records import Run
+from densekit.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Hits:
         collections hold queries that are also documents); search k+1 deep to still get k.
         """
         if len(query_ids) != len(self.labels):
-            raise ValueError(f"{len(query_ids)} query ids for {len(self.labels)} rows of hits")
+            raise InputError(f"{len(query_ids)} query ids for {len(self.labels)} rows of hits")
         run: Run = {}
         for row, query_id in enumerate(query_ids):
             valid = self.labels[row] >= 0

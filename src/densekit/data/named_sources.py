@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from densekit.data import hf_local
-from densekit.errors import DensekitError
+from densekit.errors import DensekitError, StateError
 from densekit.io.fingerprint import digest_of
 
 IRDS, HF = "irds", "hf"
@@ -69,7 +69,7 @@ def _library(module: str, name: str) -> Any:
         return importlib.import_module(module)
     except ImportError:
         extra = "pip install 'densekit[data]'"
-        raise RuntimeError(f"{name}: reading it needs the {module} package: {extra}") from None
+        raise StateError(f"{name}: reading it needs the {module} package: {extra}") from None
 
 
 def shown(name: str) -> str:

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from densekit.data.dataset import Dataset
 from densekit.data.examples import EXAMPLES_KIND, TrainingExample, write_examples
 from densekit.data.records import Document
+from densekit.errors import InputError
 from densekit.io.outputs import check_file_output, write_output_text
 from densekit.limits import MAX_PER_DOCUMENT
 
@@ -197,7 +198,7 @@ def pseudo_queries(
     report = report if report is not None else PseudoQueryReport()
     if settings.method == "keywords" and statistics is None:
         if not isinstance(documents, list):
-            raise ValueError("keywords from streamed documents needs the corpus's WordStatistics")
+            raise InputError("keywords from streamed documents needs the corpus's WordStatistics")
         statistics = WordStatistics.of(documents)
     chosen: set[int] | None = None
     if settings.max_documents is not None:
@@ -276,7 +277,7 @@ def _some(
     nothing is written)."""
     yield from examples
     if not report.queries:
-        raise ValueError(
+        raise InputError(
             f"{dataset.corpus_path}: no document gives a {settings.method!r} pseudo-query "
             f"({', '.join(f'{n} {why}' for why, n in report.skipped.items())})"
         )

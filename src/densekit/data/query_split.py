@@ -14,6 +14,7 @@ from pathlib import Path
 
 from densekit.data.dataset import Dataset
 from densekit.data.records import Qrels
+from densekit.errors import InputError, SettingError
 from densekit.io.artefact import artefact_dir
 from densekit.io.outputs import claim_folder
 
@@ -41,11 +42,11 @@ def split_judged_queries(
     `overwrite`, and a folder densekit did not make never."""
     dataset = Dataset.open(data)
     if dataset.layout != "beir":
-        raise ValueError(f"{dataset.root}: splitting queries needs a BEIR folder (corpus.jsonl and queries)")
+        raise InputError(f"{dataset.root}: splitting queries needs a BEIR folder (corpus.jsonl and queries)")
     _, qrels = dataset.split_queries(split)  # every judged query must exist
     judged = sorted(qrels)
     if not 0 < take < len(judged):
-        raise ValueError(
+        raise SettingError(
             f"--take {take}: split {split!r} of {dataset.root} has {len(judged)} judged queries; "
             f"take between 1 and {len(judged) - 1}"
         )

@@ -32,7 +32,7 @@ import numpy as np
 from densekit.data.collection_files import COMPRESSED_SUFFIX, is_compressed
 from densekit.data.dataset import Dataset
 from densekit.data.records import Qrels
-from densekit.errors import DensekitError
+from densekit.errors import DensekitError, StateError
 from densekit.io.artefact import artefact_dir, read_manifest, verify
 from densekit.io.outputs import claim_folder
 
@@ -102,7 +102,7 @@ def slice_collection(
             written = _write_corpus(dataset, judged, draw, threshold, at_threshold, out)
         if written != size:
             message = f"changed while it was sliced: {written} documents kept, not {size}"
-            raise RuntimeError(f"{dataset.corpus_path} {message}")
+            raise StateError(f"{dataset.corpus_path} {message}")
         queries = _write_queries(tmp, judged_queries)
     log.info("%s: %d documents (%d judged) of %d, %d queries", output, size, len(present), total, queries)
     return CollectionSlice(Path(output), size, len(present), queries, reused=False)

@@ -10,6 +10,7 @@ from typing import Any, Literal, NamedTuple
 from densekit.data.lines import iter_lines
 from densekit.data.records import Qrels, Run, id_problem
 from densekit.diagnostics import Diagnostics
+from densekit.errors import InputError
 from densekit.io.outputs import output_file
 
 _BEIR_HEADER = ["query-id", "corpus-id", "score"]
@@ -181,11 +182,11 @@ def write_run(
             ordered = sorted(ranked.items(), key=lambda pair: -pair[1])
             for rank, (doc_id, score) in enumerate(ordered, start=1):
                 if not math.isfinite(score):
-                    raise ValueError(f"query {query_id!r}, document {doc_id!r}: score {score} is not finite")
+                    raise InputError(f"query {query_id!r}, document {doc_id!r}: score {score} is not finite")
                 handle.write(f"{query_id} Q0 {doc_id} {rank} {score:.9g} {tag}\n")
 
 
 def _check_id(value: str) -> None:
     problem = id_problem(value)
     if problem is not None:
-        raise ValueError(problem)
+        raise InputError(problem)

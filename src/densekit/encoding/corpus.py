@@ -18,6 +18,7 @@ from densekit.encoding.embed import embed_texts
 from densekit.encoding.onnx_backend import with_inference
 from densekit.encoding.passages import MaxPSettings, PassageSplitter
 from densekit.encoding.store import KIND, PART_PATTERNS, complete_part, part_stem
+from densekit.errors import InputError, StateError
 from densekit.io.artefact import write_folder_manifest
 from densekit.io.atomic import write_text_atomic
 from densekit.io.lock import hold
@@ -42,9 +43,9 @@ class Shard:
         try:
             index, count = (int(x) for x in text.split("/"))
         except ValueError:
-            raise ValueError(f"shard {text!r} is not of the form i/n, e.g. 0/4") from None
+            raise InputError(f"shard {text!r} is not of the form i/n, e.g. 0/4") from None
         if not 0 <= index < count:
-            raise ValueError(f"shard {text!r}: need 0 <= i < n")
+            raise InputError(f"shard {text!r}: need 0 <= i < n")
         return cls(index, count)
 
     def bounds(self, total: int) -> tuple[int, int]:
@@ -162,7 +163,7 @@ def _encode_part(
             write_rows(chunk_start, vectors)  # on disk before the progress file says they are
             write_text_atomic(progress_file, json.dumps({**meta, "done": chunk_start + len(chunk)}))
     if len(ids) != rows:
-        raise RuntimeError(f"{dataset.corpus_path} changed while it was encoded: {len(ids)} rows, not {rows}")
+        raise StateError(f"{dataset.corpus_path} changed while it was encoded: {len(ids)} rows, not {rows}")
     meta_file = complete_part(output, shard.index, shard.count, partial, ids, meta)
     progress_file.unlink(missing_ok=True)
     return meta_file

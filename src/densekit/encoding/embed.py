@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from densekit.device import Precision
+from densekit.errors import InputError, StateError
 from densekit.inference import infer_in_batches
 from densekit.models.config import TextKind
 from densekit.models.encoder import DenseEncoder
@@ -53,11 +54,11 @@ def embed_tokens(
     runtime = encoder.runtime
     if runtime is not None:
         if encode is not None:
-            raise ValueError("a route encodes through PyTorch: --backend onnx does not apply to it")
+            raise InputError("a route encodes through PyTorch: --backend onnx does not apply to it")
         if precision != "float32":
-            raise ValueError(f"the encoder runs ONNX Runtime at {runtime.precision}, not torch {precision}")
+            raise InputError(f"the encoder runs ONNX Runtime at {runtime.precision}, not torch {precision}")
         if runtime.module != encoder.active:
-            raise RuntimeError(
+            raise StateError(
                 f"the ONNX Runtime export was made with module {runtime.module!r} active, not "
                 f"{encoder.active!r}: export it again"
             )
@@ -86,4 +87,4 @@ def embed_tokens(
 
 def _check_batch_size(batch_size: int) -> None:
     if batch_size < 1:
-        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+        raise InputError(f"batch size must be at least 1, got {batch_size}")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from densekit.device import Precision
-from densekit.errors import DensekitError
+from densekit.errors import DensekitError, InputError, SettingError
 from densekit.models.config import TextKind
 from densekit.models.encoder import DenseEncoder
 
@@ -54,12 +54,12 @@ def torch_precision(backend: str, precision: str) -> Precision:
     refused."""
     if backend == "torch":
         if precision == "int8":
-            raise ValueError("--precision int8 runs through ONNX Runtime: add --backend onnx")
+            raise SettingError("--precision int8 runs through ONNX Runtime: add --backend onnx")
         if precision not in ("float32", "bf16", "fp16"):
-            raise ValueError(f"--precision {precision}: expected float32, bf16, fp16 or (with onnx) int8")
+            raise SettingError(f"--precision {precision}: expected float32, bf16, fp16 or (with onnx) int8")
         return precision  # type: ignore[return-value]
     if backend != "onnx":
-        raise ValueError(f"--backend {backend}: expected torch or onnx")
+        raise SettingError(f"--backend {backend}: expected torch or onnx")
     return "float32"
 
 
@@ -110,7 +110,7 @@ class OnnxEncoder:
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind) -> torch.Tensor:
         """Vectors for a padded batch of `kind` texts."""
         if kind not in self.sessions:
-            raise ValueError(f"this ONNX export encodes {' and '.join(self.sessions)} texts, not {kind} ones")
+            raise InputError(f"this ONNX export encodes {' and '.join(self.sessions)} texts, not {kind} ones")
         feeds = {
             "input_ids": input_ids.cpu().numpy().astype(np.int64, copy=False),
             "attention_mask": attention_mask.cpu().numpy().astype(np.int64, copy=False),
@@ -152,13 +152,15 @@ def export_encoder(
     """Export `encoder` (its active module included) for each of `kinds` to ONNX Runtime at `precision`
     (float32 or int8), check the export against PyTorch and return it."""
     if precision not in ONNX_PRECISIONS:
-        raise ValueError(f"--backend onnx runs float32 or int8, not {precision}")
+        raise SettingError(f"--backend onnx runs float32 or int8, not {precision}")
     if encoder.device.type != "cpu":
-        raise ValueError(f"--backend onnx runs on the CPU, not {encoder.device}: add --device cpu")
+        raise SettingError(f"--backend onnx runs on the CPU, not {encoder.device}: add --device cpu")
     try:
         import onnxruntime
     except ImportError:
-        raise ValueError("--backend onnx needs onnxruntime and onnx: pip install 'densekit[onnx]'") from None
+        raise SettingError(
+            "--backend onnx needs onnxruntime and onnx: pip install 'densekit[onnx]'"
+        ) from None
     held, encoder.runtime = encoder.runtime, None  # sessions do not copy
     try:
         copied = copy.deepcopy(encoder).eval()

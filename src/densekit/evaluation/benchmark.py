@@ -24,6 +24,7 @@ from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import embedding_identity, encode_corpus
 from densekit.encoding.onnx_backend import with_inference
 from densekit.encoding.store import EmbeddingStore, part_stem
+from densekit.errors import InputError
 from densekit.evaluation.measures import evaluate, parse_measures
 from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.index.base import index_identity as folder_identity
@@ -135,15 +136,15 @@ def run_benchmark(
     measures = measures or ["nDCG@10", "R@100"]
     parse_measures(measures)  # an unknown measure fails before any work
     if not data_dirs:
-        raise ValueError("benchmark needs at least one collection")
+        raise InputError("benchmark needs at least one collection")
     datasets = [Dataset.open(path) for path in data_dirs]
     names = collection_names(data_dirs)
     if domains is not None and len(domains) != len(data_dirs):
-        raise ValueError(f"{len(domains)} domains for {len(data_dirs)} collections")
+        raise InputError(f"{len(domains)} domains for {len(data_dirs)} collections")
     if domains is not None and (route is None or not route.strategy.takes_domains):
-        raise ValueError("domains choose the modules of a fixed route; this benchmark has none")
+        raise InputError("domains choose the modules of a fixed route; this benchmark has none")
     if indexes is not None and len(indexes) != len(data_dirs):
-        raise ValueError(f"{len(indexes)} indexes for {len(data_dirs)} collections: give one per collection")
+        raise InputError(f"{len(indexes)} indexes for {len(data_dirs)} collections: give one per collection")
     output = Path(output)
     identity = {"model": encoder.identity(), "split": split, "k": k}
     if route is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from densekit.data.records import Qrels, Run
+from densekit.errors import InputError
 from densekit.evaluation.significance import DEFAULT_TRIALS, PairedTest, holm, paired_test, per_query
 from densekit.plots import pyplot, save_png
 
@@ -56,7 +57,7 @@ def compare_runs(
 ) -> list[MeasureComparison]:
     """Each run after the first against the first, for each measure, over every judged query."""
     if len(runs) < 2:
-        raise ValueError("compare needs at least two runs")
+        raise InputError("compare needs at least two runs")
     names = list(runs)
     comparisons = []
     for measure in measures:

@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 
 from densekit.data.records import Run
+from densekit.errors import SettingError
 
 Normalisation = Literal["minmax", "zscore"]
 
@@ -20,14 +21,14 @@ def check_weights(weights: Sequence[float] | None, runs: int, label: str | None 
         return
     label = label or f"weights {list(weights)}"
     if len(weights) != runs:
-        raise ValueError(f"{label}: {len(weights)} weights for {runs} runs; give one weight per run")
+        raise SettingError(f"{label}: {len(weights)} weights for {runs} runs; give one weight per run")
     if any(not np.isfinite(w) or w < 0 for w in weights) or not any(w > 0 for w in weights):
-        raise ValueError(f"{label}: each must be a finite number, zero or more, and at least one above 0")
+        raise SettingError(f"{label}: each must be a finite number, zero or more, and at least one above 0")
 
 
 def _weights(runs: Sequence[Run], weights: Sequence[float] | None) -> list[float]:
     if len(runs) < 2:
-        raise ValueError("fusion needs at least two runs")
+        raise SettingError("fusion needs at least two runs")
     check_weights(weights, len(runs))
     return [1.0] * len(runs) if weights is None else list(weights)
 
@@ -44,7 +45,7 @@ def reciprocal_rank_fusion(
     """Cormack et al.'s RRF: a document scores sum_i w_i / (k + rank_i), its rank (from 1) in each run
     that retrieved it, ranks taken by score with ties in the run's order."""
     if k < 0:
-        raise ValueError(f"k={k}: RRF's constant must be zero or more")
+        raise SettingError(f"k={k}: RRF's constant must be zero or more")
     weights = _weights(runs, weights)
     fused: Run = {}
     for run, weight in zip(runs, weights, strict=True):
@@ -78,7 +79,7 @@ def linear_fusion(
     for the query (0 under min-max), as pyserini's hybrid search does; a query's scores that are all
     equal normalise to 1 (min-max) or 0 (z-score)."""
     if normalisation not in ("minmax", "zscore"):
-        raise ValueError(f"normalisation {normalisation!r}: use minmax or zscore")
+        raise SettingError(f"normalisation {normalisation!r}: use minmax or zscore")
     weights = _weights(runs, weights)
     queries = list(dict.fromkeys(query for run in runs for query in run))
     fused: Run = {}
@@ -102,11 +103,11 @@ def linear_fusion(
 def check_fusion_settings(method: str, k: int | None, normalisation: str | None) -> None:
     """Refuse an unknown method, or a setting of the other method (it would be silently ignored)."""
     if method not in ("rrf", "linear"):
-        raise ValueError(f"method {method}: use rrf or linear")
+        raise SettingError(f"method {method}: use rrf or linear")
     if method == "rrf" and normalisation is not None:
-        raise ValueError("normalisation is for the linear method; rrf uses ranks, not scores")
+        raise SettingError("normalisation is for the linear method; rrf uses ranks, not scores")
     if method == "linear" and k is not None:
-        raise ValueError("k is RRF's rank constant; the linear method has none")
+        raise SettingError("k is RRF's rank constant; the linear method has none")
 
 
 def fuse_runs(

@@ -8,6 +8,7 @@ import ir_measures
 from ir_measures import Measure
 
 from densekit.data.records import Qrels, Run
+from densekit.errors import SettingError
 
 DEFAULT_MEASURES = ("nDCG@10", "RR@10", "R@100", "R@1000", "AP")
 SCORES_KIND = "scores"  # the aggregates as JSON, keyed by measure name
@@ -21,7 +22,7 @@ def parse_measures(names: Iterable[str]) -> list[Measure]:
         try:
             measures.append(ir_measures.parse_measure(name))
         except (ValueError, NameError, SyntaxError, TypeError) as err:
-            raise ValueError(f"unknown measure {name!r}: {err}") from None
+            raise SettingError(f"unknown measure {name!r}: {err}") from None
     return measures
 
 

@@ -9,6 +9,7 @@ import numpy as np
 from scipy import stats
 
 from densekit.data.records import Qrels, Run
+from densekit.errors import SettingError
 from densekit.evaluation.measures import evaluate_per_query
 from densekit.limits import DEFAULT_TRIALS, MAX_TRIALS
 
@@ -44,7 +45,7 @@ def paired_test(
     test is exact when `trials` reaches the 2^n sign patterns of n queries; `trials` is 1 to
     `MAX_TRIALS`."""
     if not 1 <= trials <= MAX_TRIALS:
-        raise ValueError(f"trials {trials}: from 1 to {MAX_TRIALS}")
+        raise SettingError(f"trials {trials}: from 1 to {MAX_TRIALS}")
     diffs = np.array([arm.get(q, 0.0) - control[q] for q in sorted(control)], dtype=np.float64)
     return PairedTest(
         queries=len(diffs),

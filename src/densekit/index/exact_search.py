@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from densekit.errors import InputError
+
 if TYPE_CHECKING:
     import torch
 
@@ -29,7 +31,7 @@ def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.nd
     are kept is not set (nor is it in faiss). `k` must not pass the rows held."""
     rows = len(vectors)
     if not 1 <= k <= rows:
-        raise ValueError(f"k={k}: between 1 and the {rows} rows held")
+        raise InputError(f"k={k}: between 1 and the {rows} rows held")
     if not len(queries):
         return np.empty((0, k), dtype=np.float32), np.empty((0, k), dtype=np.int64)
     queries = np.require(queries, np.float32, ("C", "W"))  # torch takes only writable arrays in place

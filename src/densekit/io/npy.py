@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from densekit.errors import InputError
 from densekit.io.write_errors import naming
 
 _READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -41,19 +42,19 @@ def read_npy_header(path: Path | str) -> NpyHeader:
         try:
             version = np.lib.format.read_magic(handle)
         except ValueError as err:
-            raise ValueError(" ".join(str(err).split())) from None
+            raise InputError(" ".join(str(err).split())) from None
         reader = _READERS.get(version)
         if reader is None:
-            raise ValueError(f".npy format version {version[0]}.{version[1]}; densekit reads 1.0 and 2.0")
+            raise InputError(f".npy format version {version[0]}.{version[1]}; densekit reads 1.0 and 2.0")
         try:
             shape, fortran_order, dtype = reader(handle)
         except (ValueError, EOFError) as err:
-            raise ValueError(" ".join(str(err).split())) from None
+            raise InputError(" ".join(str(err).split())) from None
         header = NpyHeader(tuple(int(n) for n in shape), np.dtype(dtype), bool(fortran_order), handle.tell())
         size = os.fstat(handle.fileno()).st_size
     needed = header.offset + math.prod(header.shape) * header.dtype.itemsize
     if size < needed:
-        raise ValueError(f"truncated: {size} bytes, fewer than the {needed} of the {header.describe()} array "
+        raise InputError(f"truncated: {size} bytes, fewer than the {needed} of the {header.describe()} array "
                          "its header announces")  # fmt: skip
     return header
 

@@ -22,6 +22,7 @@ from densekit.data.examples import (
 )
 from densekit.data.records import Run
 from densekit.encoding.embed import embed_texts
+from densekit.errors import InputError
 from densekit.index import SearchIndex
 from densekit.io.lock import holding
 from densekit.io.outputs import check_file_output, command_identity, write_output_text
@@ -176,7 +177,7 @@ def mine(
         texts = texts_of(dataset, compared_ids(examples, ranked, settings))
     elif source == "dense":
         if encoder is None:
-            raise ValueError("dense mining needs a model")
+            raise InputError("dense mining needs a model")
         if index_dir is not None:
             index = SearchIndex.load(index_dir)
             check_compatible(encoder, index, dataset)
@@ -186,7 +187,7 @@ def mine(
         texts = texts_of(dataset, compared_ids(examples, ranked, settings))
         positive_scores = dense_positive_scores(encoder, index, examples, query_vectors, texts, batch_size)
     else:
-        raise ValueError(f"unknown source {source!r}: expected bm25, dense or none")
+        raise InputError(f"unknown source {source!r}: expected bm25, dense or none")
     mined, tally = choose_negatives(examples, ranked, positive_scores, texts, settings)
     tally.without_terms = without_terms
     write_examples(output, mined, inputs, identity, overwrite)

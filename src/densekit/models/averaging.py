@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from densekit.errors import InputError
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.kind import kind_of, settings_differ
 from densekit.models.modules.module import EncoderModule
@@ -21,9 +22,9 @@ def average_modules(
     """Put on `encoder` a module called `new_name` that is the `weights`-weighted average (weights sum to
     1) of the modules called `names`; the active module is left as it was."""
     if len(names) != len(weights) or len(names) < 2:
-        raise ValueError(f"{len(names)} modules and {len(weights)} weights: give two or more of each, paired")
+        raise InputError(f"{len(names)} modules and {len(weights)} weights: give two or more of each, paired")
     if any(w < 0 for w in weights) or abs(sum(weights) - 1) > 1e-6:
-        raise ValueError(f"weights {list(weights)} must be non-negative and sum to 1")
+        raise InputError(f"weights {list(weights)} must be non-negative and sum to 1")
     for name in names:
         encoder.require_module(name)
     sources = [encoder.attached[name] for name in names]
@@ -32,7 +33,7 @@ def average_modules(
     try:
         kind = kind_of(specs[0])
         if any(kind_of(spec) is not kind for spec in specs):
-            raise ValueError(settings_differ(sources))
+            raise InputError(settings_differ(sources))
         return kind.average(encoder, sources, list(weights), specs)
     finally:
         encoder.active = active

@@ -19,6 +19,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from densekit.device import Precision
 from densekit.diagnostics import DataError, Problem
+from densekit.errors import InputError
 from densekit.inference import infer_in_batches
 from densekit.io.artefact import artefact_dir
 from densekit.io.model_card import write_model_card
@@ -45,7 +46,7 @@ class CrossEncoder(torch.nn.Module):
     def __init__(self, model: PreTrainedModel, tokenizer, max_length: int = 512, source: str = ""):
         super().__init__()
         if model.config.num_labels != 1:
-            raise ValueError(
+            raise InputError(
                 f"{source}: a cross-encoder gives one score; this model has {model.config.num_labels} labels"
             )
         self.model = model

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 
 from densekit.diagnostics import DataError, Problem
+from densekit.errors import InputError
 from densekit.io.artefact import artefact_dir
 from densekit.io.model_card import write_model_card
 from densekit.models.card import encoder_card
@@ -94,7 +95,7 @@ class DenseEncoder(torch.nn.Module):
     ):
         super().__init__()
         if config.tied != (passage_backbone is None):
-            raise ValueError("a tied encoder takes one backbone; an untied one takes two")
+            raise InputError("a tied encoder takes one backbone; an untied one takes two")
         self.query_backbone = backbone
         self.passage_backbone = passage_backbone if passage_backbone is not None else backbone
         self.tokenizer = tokenizer
@@ -119,7 +120,7 @@ class DenseEncoder(torch.nn.Module):
         `module` puts a module folder on the model named and activates it."""
         if is_module_folder(name_or_path):
             if module is not None:
-                raise ValueError(
+                raise InputError(
                     f"{name_or_path} is a module folder: give it alone, or its base as the model and the "
                     "module with --module"
                 )

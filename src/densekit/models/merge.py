@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+from densekit.errors import InputError
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.kind import MODULE_KINDS, kind_of
 
@@ -15,11 +16,11 @@ def merged_encoder(encoder: DenseEncoder) -> DenseEncoder:
     and its base are left as they are."""
     module = encoder.module
     if module is None:
-        raise ValueError("no module is active: there is nothing to merge")
+        raise InputError("no module is active: there is nothing to merge")
     kind = kind_of(module.spec)
     if not kind.mergeable:
         folding = ", ".join(name for name, other in MODULE_KINDS.items() if other.mergeable)
-        raise ValueError(
+        raise InputError(
             f"module {module.name!r} is {module.spec.type}; only {folding} fold into the weights (the others "
             "add layers or inputs the base model does not have)"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from densekit.errors import InputError
 from densekit.models.config import Pooling
 
 
@@ -23,7 +24,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: Pooling) -> t
         positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
         last = (attention_mask.long() * positions).argmax(dim=1)
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    raise ValueError(f"unknown pooling {mode!r}: expected cls, mean or last")
+    raise InputError(f"unknown pooling {mode!r}: expected cls, mean or last")
 
 
 def without_prompt(attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from densekit.errors import InputError
 from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
 from densekit.models.hub import locate_model
@@ -30,7 +31,7 @@ class MaskedLanguageModel(torch.nn.Module):
         self.source = source
         head = getattr(model, "cls", None) or getattr(model, "lm_head", None)
         if head is None:
-            raise ValueError(f"{source}: pre-training needs a BERT-style masked-LM head (`cls` or `lm_head`)")
+            raise InputError(f"{source}: pre-training needs a BERT-style masked-LM head (`cls` or `lm_head`)")
         self.head = head
 
     @classmethod

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from densekit.device import autocast
+from densekit.errors import InputError
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.corpus import TokenizedCorpus
 from densekit.pretraining.masking import IGNORE
@@ -72,7 +73,7 @@ class PretrainTask(ABC):
         self.module = module
         self.sequences = SequenceMaker.for_tokenizer(mlm.tokenizer, config.model.max_length, mlm.source)
         if len(corpus) < config.optim.batch_size:
-            raise ValueError(f"{len(corpus)} documents are fewer than one batch of {config.optim.batch_size}")
+            raise InputError(f"{len(corpus)} documents are fewer than one batch of {config.optim.batch_size}")
 
     @classmethod
     def check(cls, config: PretrainSettings) -> None:

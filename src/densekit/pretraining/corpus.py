@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from densekit.data.dataset import Dataset
 from densekit.data.lines import iter_lines
 from densekit.diagnostics import DataError, Problem
+from densekit.errors import InputError
 from densekit.progress import progress_bar
 
 log = logging.getLogger("densekit")
@@ -57,7 +58,7 @@ def tokenize_corpus(
 ) -> TokenizedCorpus:
     """Tokenize without special tokens, keeping at most `max_tokens` per document (all when None)."""
     if not tokenizer.is_fast:
-        raise ValueError("pre-training needs a fast tokenizer, for the word boundaries of whole-word masking")
+        raise InputError("pre-training needs a fast tokenizer, for the word boundaries of whole-word masking")
     # A copy of the tokenizers backend, without the truncation and padding its file may set: whole
     # documents are tokenized on purpose (spans are cut later), which transformers' wrapper would warn of.
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())

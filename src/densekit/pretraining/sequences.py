@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from densekit.errors import InputError
 from densekit.pretraining.masking import whole_word_mask
 
 
@@ -27,7 +28,7 @@ class SequenceMaker:
         """Read the ids from `tokenizer`; it must have [CLS], [SEP] and [MASK]."""
         ids = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.mask_token_id
         if None in ids:
-            raise ValueError(f"{source}: the tokenizer needs [CLS], [SEP] and [MASK] tokens")
+            raise InputError(f"{source}: the tokenizer needs [CLS], [SEP] and [MASK] tokens")
         return cls(*ids, tokenizer.pad_token_id or 0, len(tokenizer), max_length)
 
     def wrap(self, tokens: np.ndarray, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 
 from densekit.data.dataset import Dataset
 from densekit.data.examples import EXAMPLES_KIND, read_examples, write_examples
+from densekit.errors import InputError
 from densekit.evaluation.benchmark import run_benchmark
 from densekit.io.outputs import check_file_output, write_output_text
 from densekit.limits import MAX_RUN_DEPTH
@@ -29,7 +30,7 @@ def _load_modules(folders: dict[str, str]) -> DenseEncoder:
     encoder, names = load_modules(list(folders.values()))
     for (name, folder), held in zip(folders.items(), names, strict=True):
         if name != held:
-            raise ValueError(f"{folder} holds module {held!r}, not {name!r}")
+            raise InputError(f"{folder} holds module {held!r}, not {name!r}")
     return encoder
 
 
@@ -178,7 +179,7 @@ class TableStep(Step):
             names = [c["name"] for c in results["collections"]]
             collections = collections or names
             if names != collections:
-                raise ValueError(
+                raise InputError(
                     f"{folder}: benchmarks other collections ({names}) than the first ({collections})"
                 )
             if not rows:

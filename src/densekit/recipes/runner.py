@@ -49,6 +49,7 @@ from densekit.configuration import (
 from densekit.data.dataset import Dataset, input_fingerprint
 from densekit.device import resolve_device
 from densekit.diagnostics import DataError, Problem
+from densekit.errors import SettingError, StateError
 from densekit.io.artefact import MANIFEST, read_manifest, write_folder_manifest
 from densekit.io.atomic import TEMPORARY, write_text_atomic
 from densekit.io.lock import holding
@@ -89,14 +90,14 @@ class _Budget:
         self.left -= amount
         if self.left < 0:
             limit = f"more than {MAX_RESOLVED} characters and values"
-            raise ValueError(f"{where}: placeholders expand to {limit}")
+            raise SettingError(f"{where}: placeholders expand to {limit}")
 
 
 def _lookup(context: dict[str, Any], dotted: str, where: str) -> Any:
     node: Any = context
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            raise ValueError(f"{where}: unknown placeholder {{{dotted}}}")
+            raise SettingError(f"{where}: unknown placeholder {{{dotted}}}")
         node = node[part]
     return node
 
@@ -142,7 +143,7 @@ def resolve(
             budget.spend(len(value), where)
             return value
         value = replaced
-    raise ValueError(f"{where}: placeholders refer to each other in a loop")
+    raise SettingError(f"{where}: placeholders refer to each other in a loop")
 
 
 def _check_override_keys(path: Path, tree: dict[str, Any], overrides: list[str]) -> None:
@@ -152,7 +153,7 @@ def _check_override_keys(path: Path, tree: dict[str, Any], overrides: list[str])
         parts = split_override(override)[0]
         if parts[0] == "steps":
             if len(parts) < 3 or parts[1] not in steps:
-                raise ValueError(
+                raise SettingError(
                     f"override {override!r}: {Path(path).name} has no step {'.'.join(parts[:2])!r} "
                     f"(its steps: {', '.join(steps)})"
                 )
@@ -161,7 +162,7 @@ def _check_override_keys(path: Path, tree: dict[str, Any], overrides: list[str])
         for depth, part in enumerate(parts):
             if not isinstance(node, dict) or part not in node:
                 known = ", ".join(_dotted_keys(tree, exclude={"steps"}))
-                raise ValueError(
+                raise SettingError(
                     f"override {override!r}: {Path(path).name} has no key {'.'.join(parts[: depth + 1])!r}"
                     f" (its keys: {known})"
                 )
@@ -389,7 +390,7 @@ def run_recipe(
     not make never. Steps write only inside `output` unless `allow_outside_out`.
     """
     if distributed.world_size() > 1:
-        raise RuntimeError(
+        raise StateError(
             "run recipes in one process; launch multi-process training with torchrun densekit train"
         )
     output = Path(output)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from densekit.data.dataset import Dataset
+from densekit.errors import InputError
 from densekit.index.base import SearchIndex
 from densekit.models.encoder import DenseEncoder
 
@@ -26,7 +27,7 @@ def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset
             fix = "search it without --dimensions"
         else:
             fix = f"search it with --dimensions {index.dimension}, as its passages were encoded"
-        raise ValueError(
+        raise InputError(
             f"the encoder makes {encoder.dimension}-dimensional vectors{cut}; {index.folder} holds "
             f"{index.dimension}-dimensional ones: {fix}"
         )
@@ -43,7 +44,7 @@ def check_passages_made_by(
     if made["model"]["weights"] != encoder.passage_fingerprint():
         made_with, used = made["model"].get("module"), encoder.passage_module
         if made_with != used:
-            raise ValueError(
+            raise InputError(
                 f"{what} with {_module_words(made_with)}, and this encoder encodes "
                 f"passages with {_module_words(used)}; search with the module that made it (--module), or "
                 "encode and index the corpus again"
@@ -51,11 +52,11 @@ def check_passages_made_by(
         if used is not None:  # the same module name, other weights: the module's, not the base's
             module = encoder.attached[used]
             where = f"loaded from {module.folder}" if module.folder is not None else "made in this process"
-            raise ValueError(
+            raise InputError(
                 f"{what} with a module {used!r} of other weights than the module {used!r} on this encoder "
                 f"({where}); search with the module folder that made it, or encode and index the corpus again"
             )
-        raise ValueError(
+        raise InputError(
             f"{what} from the embeddings of other model weights than {encoder.source}'s; "
             "search it with the model that made it, or encode and index the corpus again"
         )
@@ -63,12 +64,12 @@ def check_passages_made_by(
     changed = [f"{k} {saved.get(k)!r} there, {getattr(encoder.config, k)!r} here"
                for k in _PASSAGE_SETTINGS if saved.get(k) != getattr(encoder.config, k)]  # fmt: skip
     if changed:
-        raise ValueError(
+        raise InputError(
             f"{what} from passages encoded with other settings ({'; '.join(changed)}); "
             "use the same settings or encode the corpus again"
         )
     if dataset is not None and made["corpus"] != dataset.corpus_digest():
-        raise ValueError(
+        raise InputError(
             f"{what} from another corpus than {dataset.corpus_path} (its bytes differ); "
             "index this corpus, or search the collection the index was made from"
         )

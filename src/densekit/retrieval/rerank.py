@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from densekit.data.records import Document, Run
 from densekit.device import Precision
+from densekit.errors import InputError
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.progress import progress_bar
 
@@ -43,10 +44,10 @@ def rerank_run(
     length-ordered pass, at `precision`. A query of the run that `queries` lacks, or a document the
     corpus lacks, is an error."""
     if depth < 1:
-        raise ValueError(f"depth {depth}: rerank at least the first document")
+        raise InputError(f"depth {depth}: rerank at least the first document")
     missing_queries = [q for q in run if q not in queries]
     if missing_queries:
-        raise ValueError(
+        raise InputError(
             f"{len(missing_queries)} queries of the run are not in the split, e.g. {missing_queries[0]!r}"
         )
     orders = {query: ranked(scores) for query, scores in run.items()}
@@ -54,7 +55,7 @@ def rerank_run(
     texts = {d.id: d.full_text for d in documents if d.id in wanted}
     unknown = wanted - texts.keys()
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"{len(unknown)} documents of the run are not in the corpus, e.g. {sorted(unknown)[0]!r}"
         )
     pairs = [(queries[q], texts[doc]) for q, order in orders.items() for doc in order[:depth]]

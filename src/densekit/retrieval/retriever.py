@@ -17,7 +17,7 @@ from densekit.data.dataset import Dataset
 from densekit.data.records import Document, Run
 from densekit.device import Precision
 from densekit.encoding.embed import embed_texts, embed_tokens
-from densekit.errors import DensekitError
+from densekit.errors import DensekitError, InputError, StateError
 from densekit.index.base import SearchIndex
 from densekit.models.config import EncoderOptions
 from densekit.models.encoder import DenseEncoder
@@ -83,7 +83,7 @@ class Retriever:
         route: Route | None = None,
     ):
         if route is not None and (route.encoder is not encoder or encoder.active is not None):
-            raise ValueError("a route searches an index of the base's passages: give its own encoder, with "
+            raise InputError("a route searches an index of the base's passages: give its own encoder, with "
                              "no module active")  # fmt: skip
         check_compatible(encoder, index, dataset)
         self.encoder = encoder
@@ -154,9 +154,9 @@ class Retriever:
         if self.route is not None:
             return self.route.encode_queries(texts, domains, batch_size, precision)
         if domains is not None:
-            raise ValueError("domains choose modules only through a route")
+            raise InputError("domains choose modules only through a route")
         if self.encoder.active != self.module:
-            raise RuntimeError(
+            raise StateError(
                 f"module {self.encoder.active!r} is active; this retriever was made with {self.module!r}: "
                 "make a retriever for the index of that module"
             )

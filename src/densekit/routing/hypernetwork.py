@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch.func import functional_call
 
 from densekit.diagnostics import DataError, Problem
+from densekit.errors import InputError
 from densekit.io.artefact import artefact_dir, verify
 from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
@@ -63,7 +64,7 @@ class LoraHypernetwork(torch.nn.Module):
     def __init__(self, encoder: DenseEncoder, spec: HyperSpec):
         super().__init__()
         if spec.lora.towers != "query":
-            raise ValueError("a hypernetwork generates query-only modules: set lora.towers to query")
+            raise InputError("a hypernetwork generates query-only modules: set lora.towers to query")
         active = encoder.active
         template = encoder.new_module(spec.lora.model_copy(update={"name": TEMPLATE}))
         encoder.activate(active)
@@ -92,7 +93,7 @@ class LoraHypernetwork(torch.nn.Module):
         """Learn `domain`'s embedding alone from now on (the maps and the other embeddings frozen),
         starting from the mean of the known ones."""
         if domain in self.spec.domains:
-            raise ValueError(f"domain {domain!r} is known to this hypernetwork already")
+            raise InputError(f"domain {domain!r} is known to this hypernetwork already")
         for parameter in [self.embeddings, *self.maps.parameters()]:
             parameter.requires_grad_(False)
         self.new_embedding = torch.nn.Parameter(self.embeddings.detach().mean(0).clone())
@@ -103,7 +104,7 @@ class LoraHypernetwork(torch.nn.Module):
         if hasattr(self, "new_embedding") and domain == self.spec.domains[-1]:
             return self.new_embedding
         if domain not in self.spec.domains:
-            raise ValueError(
+            raise InputError(
                 f"domain {domain!r} is not one of this hypernetwork's: {', '.join(self.spec.domains)}"
             )
         return self.embeddings[self.spec.domains.index(domain)]
@@ -134,7 +135,7 @@ class LoraHypernetwork(torch.nn.Module):
         try:
             spec = LoraSpec.model_validate({**self.spec.lora.model_dump(), "name": domain})
         except ValidationError as err:
-            raise ValueError(f"domain {domain!r} cannot name a module: {err.errors()[0]['msg']}") from None
+            raise InputError(f"domain {domain!r} cannot name a module: {err.errors()[0]['msg']}") from None
         active = self.encoder.active
         module = self.encoder.new_module(spec)
         self.encoder.active = active
@@ -179,7 +180,7 @@ class LoraHypernetwork(torch.nn.Module):
             settings = description.settings.model_dump(exclude_unset=True)
             encoder = DenseEncoder.load(description.base.source, **settings).to(device)
         if encoder.base_fingerprint() != description.base.fingerprint:
-            raise ValueError(f"{folder}: made on another base than this model ({description.base.source})")
+            raise InputError(f"{folder}: made on another base than this model ({description.base.source})")
         network = cls(encoder.eval(), description.spec)
         state = read_safetensors(folder / HYPER_WEIGHTS, device=str(device))
         own = {k: v for k, v in network.state_dict().items() if not k.startswith("encoder.")}

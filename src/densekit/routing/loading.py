@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from densekit.device import resolve_device
+from densekit.errors import InputError
 from densekit.models.config import EncoderOptions
 from densekit.models.encoder import DenseEncoder
 from densekit.routing.route import Route, is_route_folder
@@ -26,7 +27,7 @@ def load_model_or_route(
     if is_route_folder(model):
         given = [*options.given(), *also_given]
         if given:
-            raise ValueError(f"{model} is a route folder: it names its base, modules and settings; "
+            raise InputError(f"{model} is a route folder: it names its base, modules and settings; "
                              f"{', '.join(given)} do not apply")  # fmt: skip
         route = Route.load(model, resolve_device(device))
         return route.encoder, route

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from densekit.device import Precision
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.embed import embed_texts
+from densekit.errors import InputError
 from densekit.io.artefact import artefact_dir, verify
 from densekit.io.model_card import write_model_card
 from densekit.models.card import route_card
@@ -71,13 +72,13 @@ def load_modules(folders: Sequence[str | Path]) -> tuple[DenseEncoder, list[str]
     """The base the first module folder names, with every module on it and none active, and their
     names in order; two modules of one name are an error."""
     if len(folders) < 1:
-        raise ValueError("give at least one module folder")
+        raise InputError("give at least one module folder")
     encoder = DenseEncoder.load(folders[0])
     names = [encoder.active]
     for folder in folders[1:]:
         name = encoder.load_module(folder).name
         if name in names:
-            raise ValueError(f"{folder}: a module called {name!r} is given twice")
+            raise InputError(f"{folder}: a module called {name!r} is given twice")
         names.append(name)
     encoder.activate(None)
     return encoder, names
@@ -97,7 +98,7 @@ class Route(torch.nn.Module):
         check_query_only(encoder, spec.modules)
         strategy = spec.strategy
         if not strategy.trainable and router is not None:
-            raise ValueError(f"a {spec.type} route has no router")
+            raise InputError(f"a {spec.type} route has no router")
         if strategy.trainable and router is None:
             router = strategy.new_router(spec, encoder.dimension).to(encoder.device)
         self.encoder = encoder
@@ -134,11 +135,11 @@ class Route(torch.nn.Module):
         """Routed vectors of `texts` in their order (`domains`, one per text, for a fixed route), under
         torch's `precision`."""
         if domains is not None and not self.strategy.takes_domains:
-            raise ValueError(
+            raise InputError(
                 f"a {self.spec.type} route chooses its modules itself; domains apply to a fixed one"
             )
         if domains is not None and len(domains) != len(texts):
-            raise ValueError(f"{len(domains)} domains for {len(texts)} queries")
+            raise InputError(f"{len(domains)} domains for {len(texts)} queries")
 
         def encode(input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
             chosen = None if domains is None else [domains[int(i)] for i in rows]
@@ -161,12 +162,12 @@ class Route(torch.nn.Module):
         """Write the route folder; `module_folders` says where each of its modules is saved."""
         missing = sorted(set(self.spec.modules) - set(module_folders))
         if missing:
-            raise ValueError(f"no folder given for modules {missing}")
+            raise InputError(f"no folder given for modules {missing}")
         modules = {}
         for name in self.spec.modules:
             held = read_module_file(module_folders[name]).spec.name
             if held != name:
-                raise ValueError(f"{module_folders[name]} holds module {held!r}, not {name!r}")
+                raise InputError(f"{module_folders[name]} holds module {held!r}, not {name!r}")
             modules[name] = {"folder": str(Path(module_folders[name]).resolve()),
                              "fingerprint": self.encoder.attached[name].fingerprint()}  # fmt: skip
         base = {"source": self.encoder.source, "fingerprint": self.encoder.base_fingerprint()}
@@ -192,13 +193,13 @@ class Route(torch.nn.Module):
         settings = description.settings.model_dump(exclude_unset=True)
         encoder = DenseEncoder.load(base.source, **settings).to(device)
         if encoder.base_fingerprint() != base.fingerprint:
-            raise ValueError(f"{folder}: the base at {base.source} has other weights now")
+            raise InputError(f"{folder}: the base at {base.source} has other weights now")
         for name in spec.modules:
             saved = description.modules[name]
             module_folder = folder / saved.folder  # a relative folder is the route's, not the working one's
             module = encoder.load_module(module_folder)
             if module.name != name or module.fingerprint() != saved.fingerprint:
-                raise ValueError(f"{folder}: module {name!r} ({module_folder}) changed since the route "
+                raise InputError(f"{folder}: module {name!r} ({module_folder}) changed since the route "
                                  "was made")  # fmt: skip
         encoder.activate(None)
         router = spec.strategy.new_router(spec, encoder.dimension)

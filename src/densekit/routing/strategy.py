@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from densekit.errors import InputError
 from densekit.models.encoder import DenseEncoder
 from densekit.registry import Registry, spec_type
 
@@ -128,7 +129,7 @@ def routed_vectors(
     encoder normalises; each module runs only on the rows that weigh it, and a row of zeros is the base's
     vector. The encoder's active module is not changed."""
     if weights.shape != (input_ids.shape[0], len(modules)):
-        raise ValueError(f"weights of shape {tuple(weights.shape)} for {input_ids.shape[0]} queries and "
+        raise InputError(f"weights of shape {tuple(weights.shape)} for {input_ids.shape[0]} queries and "
                          f"{len(modules)} modules")  # fmt: skip
     dtype = torch.float64 if next(encoder.parameters()).dtype == torch.float64 else torch.float32
     weights = weights.to(input_ids.device, dtype)
@@ -155,7 +156,7 @@ def check_query_only(encoder: DenseEncoder, modules: Sequence[str]) -> None:
         encoder.require_module(name)
         towers = encoder.attached[name].spec.towers
         if towers != "query":
-            raise ValueError(
+            raise InputError(
                 f"module {name!r} has towers {towers!r}: a route serves every module from one passage index "
                 "encoded by the base, so its modules must leave passages to the base (towers: query)"
             )

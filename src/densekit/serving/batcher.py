@@ -20,7 +20,7 @@ import torch
 
 from densekit.device import Precision
 from densekit.encoding.embed import embed_tokens
-from densekit.errors import DensekitError
+from densekit.errors import DensekitError, InputError, StateError
 from densekit.models.config import TextKind
 from densekit.retrieval.hit import Hit
 from densekit.retrieval.retriever import Retriever
@@ -162,12 +162,12 @@ class MicroBatcher:
         threads: int | None = None,
     ):
         if min(max_batch, max_queued, encode_batch, workers, threads or 1) < 1 or max_wait_ms < 0:
-            raise ValueError(
+            raise InputError(
                 f"max_batch {max_batch}, max_queued {max_queued}, encode_batch {encode_batch}, workers "
                 f"{workers} and threads {threads} must be >= 1, max_wait_ms {max_wait_ms} >= 0"
             )
         if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout {timeout} must be > 0 seconds")
+            raise InputError(f"timeout {timeout} must be > 0 seconds")
         self.max_batch = max_batch
         self.encode_batch = encode_batch
         self.precision = precision
@@ -232,7 +232,7 @@ class MicroBatcher:
 
     async def _submit(self, retriever: Retriever, texts: list[str], job: Job, k: int, domain: str | None):
         if self._queue is None:
-            raise RuntimeError("the batcher is not started")
+            raise StateError("the batcher is not started")
         if self.queued + len(texts) > self.max_queued:
             raise Overloaded(self.queued, self.retry_after())
         pending = _Pending(retriever, texts, job, asyncio.get_running_loop().create_future(), k, domain)

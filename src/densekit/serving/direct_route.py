@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope, Send
 
+from densekit.errors import InputError
 from densekit.serving.checked_route import CheckedRoute
 
 JSON_MEDIA_TYPE = "application/json"
@@ -87,9 +88,9 @@ def _body_model(route: DirectRoute) -> type[BaseModel] | None:
         _say_fallback(problem)
         return None
     if bodies != 1 or any(others) or body_field is None:
-        raise ValueError(f"{route.path}: a direct route's endpoint takes one body model and nothing else")
+        raise InputError(f"{route.path}: a direct route's endpoint takes one body model and nothing else")
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        raise ValueError(f"{route.path}: a direct route's body is a pydantic model, not {model!r}")
+        raise InputError(f"{route.path}: a direct route's body is a pydantic model, not {model!r}")
     return model
 
 

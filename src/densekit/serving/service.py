@@ -12,6 +12,7 @@ from fastapi.params import Depends as Dependency
 from fastapi.security import HTTPBearer
 
 from densekit.device import Precision
+from densekit.errors import InputError
 from densekit.retrieval.retriever import Retriever
 from densekit.serving import openai_api
 from densekit.serving.batcher import MicroBatcher, default_workers
@@ -35,7 +36,7 @@ class SearchService:
         self.served = [retrievers] if isinstance(retrievers, Retriever) else list(retrievers)
         self.by_module = {r.module: r for r in self.served}
         if len(self.by_module) != len(self.served):
-            raise ValueError("two retrievers of the same module: serve each module once")
+            raise InputError("two retrievers of the same module: serve each module once")
         self.retriever = retriever = self.served[0]
         self.limits, self.batching, self.precision = limits, batching, precision
         self.precision_reason, self.open_metrics = precision_reason, open_metrics

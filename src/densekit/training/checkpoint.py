@@ -24,6 +24,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from densekit.errors import InputError
 from densekit.io.artefact import artefact_dir, verify
 from densekit.models.fingerprint import tensors_fingerprint
 
@@ -116,7 +117,7 @@ def load_checkpoint(
     scaler_state = payload.pop("scaler", None)
     if scaler is not None:
         if scaler_state is None:
-            raise ValueError(f"{folder}: the checkpoint holds no fp16 loss scaler; it was not an fp16 run")
+            raise InputError(f"{folder}: the checkpoint holds no fp16 loss scaler; it was not an fp16 run")
         scaler.load_state_dict(scaler_state)
     restore_random_states(safetensors.torch.load_file(str(folder / "rng.safetensors")), device)
     return payload
@@ -156,7 +157,7 @@ def load_state(module: torch.nn.Module, path: Path, device: torch.device) -> Non
     else:
         frozen = _frozen(module)
         if tensors_fingerprint(frozen, "") != frozen_fingerprint:
-            raise ValueError(
+            raise InputError(
                 f"{path.parent}: the checkpoint was trained on other frozen weights than this model's "
                 "(its base changed since); resume needs the base it started from"
             )
@@ -168,7 +169,7 @@ def load_state(module: torch.nn.Module, path: Path, device: torch.device) -> Non
         if not (missing or unexpected):
             module.load_state_dict(tensors, strict=False)
     if missing or unexpected:
-        raise ValueError(
+        raise InputError(
             f"{path.parent}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})"
         )
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from densekit.data.examples import TrainingExample
 from densekit.device import autocast, to_device
+from densekit.errors import InputError
 from densekit.models.dimensions import truncated
 from densekit.models.encoder import DenseEncoder
 from densekit.routing.hypernetwork import LoraHypernetwork
@@ -219,7 +220,7 @@ class ContrastiveTask(GroupedExamplesTask):
         width = self.encoder.dimension
         if matryoshka is not None:
             if matryoshka.dims[0] > width:
-                raise ValueError(
+                raise InputError(
                     f"loss.matryoshka.dims: {matryoshka.dims[0]} is more than the {width} dimensions of "
                     f"{config.model.path}'s vectors; give widths of {width} or fewer"
                 )
@@ -234,7 +235,7 @@ class ContrastiveTask(GroupedExamplesTask):
     def set_examples(self, examples: list[TrainingExample]) -> None:
         """Train on new negatives (ANCE) for the same queries, in the same order."""
         if [e.query_id for e in examples] != [e.query_id for e in self.examples]:
-            raise ValueError("new examples must hold the same queries in the same order")
+            raise InputError("new examples must hold the same queries in the same order")
         self._use_examples(examples)
 
     def batch(self, epoch: int, step: int) -> ContrastiveBatch:
@@ -464,12 +465,12 @@ def _check_teacher_scores(examples: list[TrainingExample], config: TrainConfig) 
         scores = example.teacher_scores or {}
         missing = [doc for doc in (*example.positives, *example.negatives) if doc not in scores]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"{config.data.train}:{line}: query {example.query_id!r} has no teacher score for document "
                 f"{missing[0]!r}; distillation needs one for every positive and negative"
             )
         if len(example.negatives) < config.data.group_size - 1 and config.data.shortfall == "random":
-            raise ValueError(
+            raise InputError(
                 f"{config.data.train}:{line}: query {example.query_id!r} is filled with random corpus "
                 "documents (data.shortfall random), which have no teacher scores: use 'repeat' or a "
                 "smaller group"
@@ -481,7 +482,7 @@ def _teacher_scores(example: TrainingExample, documents: list[str]) -> list[floa
     scores = example.teacher_scores or {}
     missing = [doc for doc in documents if doc not in scores]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"query {example.query_id!r} has no teacher score for document {missing[0]!r}: distillation "
             "needs teacher_scores for every positive and negative of the training examples"
         )

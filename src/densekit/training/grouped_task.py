@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from densekit.data.examples import TrainingExample
+from densekit.errors import InputError
 from densekit.training.config import CrossEncoderTrainConfig, TrainConfig
 from densekit.training.groups import GroupSampler
 from densekit.training.sampling import DomainBatching, LengthGrouping, batches_per_epoch, domain_batching
@@ -24,7 +25,7 @@ class GroupedExamplesTask:
     ):
         batch = config.optim.batch_size
         if len(examples) < batch:
-            raise ValueError(f"{len(examples)} training examples are fewer than one batch of {batch}")
+            raise InputError(f"{len(examples)} training examples are fewer than one batch of {batch}")
         self.texts = texts
         self.config = config
         self._use_examples(examples)

@@ -19,7 +19,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from densekit.data.examples import TrainingExample
-from densekit.errors import DensekitError
+from densekit.errors import DensekitError, InputError
 
 log = logging.getLogger("densekit")
 
@@ -62,9 +62,9 @@ class GroupSampler:
         positives: int = 1,
     ):
         if positives < 1:
-            raise ValueError(f"positives per group must be at least 1, got {positives}")
+            raise InputError(f"positives per group must be at least 1, got {positives}")
         if group_size < positives:
-            raise ValueError(f"group size {group_size} is smaller than its {positives} positives")
+            raise InputError(f"group size {group_size} is smaller than its {positives} positives")
         self.examples = examples
         self.group_size = group_size
         self.positives = positives
@@ -92,7 +92,7 @@ class GroupSampler:
                     "'repeat' (cycle each example's own) or 'random' (fill from the corpus)"
                 )
             if shortfall == "random" and not corpus_ids:
-                raise ValueError("shortfall 'random' needs the corpus ids to draw from")
+                raise InputError("shortfall 'random' needs the corpus ids to draw from")
             if shortfall == "repeat" and any(not examples[i].negatives for i in short):
                 raise NegativeShortfallError(described + "; some have none, so 'repeat' has nothing to cycle")
             log.warning("%s: filling them by %r", described, shortfall)

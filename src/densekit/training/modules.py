@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from densekit.data.examples import TrainingExample
+from densekit.errors import InputError
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.kind import ModuleKind, kind_of
 from densekit.models.modules.module import EncoderModule
@@ -27,7 +28,7 @@ def prepare_module(encoder: DenseEncoder, spec: Any, task: Any) -> EncoderModule
     loaded = encoder.module
     if loaded is not None:
         if loaded.spec != spec:
-            raise ValueError(
+            raise InputError(
                 f"model.path holds module {loaded.name!r} ({loaded.spec.type}), which the modules section "
                 f"does not describe: set modules to its settings to continue training it, or start from "
                 f"its base ({loaded.base['source']})"
@@ -92,7 +93,7 @@ def prepare_route(encoder: DenseEncoder, section: RouteSection) -> Route:
     for name, folder in section.modules.items():
         module = encoder.load_module(folder)
         if module.name != name:
-            raise ValueError(f"route.modules.{name}: {folder} holds module {module.name!r}, not {name!r}")
+            raise InputError(f"route.modules.{name}: {folder} holds module {module.name!r}, not {name!r}")
     encoder.activate(None)
     for parameter in encoder.parameters():
         parameter.requires_grad_(False)
@@ -116,13 +117,13 @@ def prepare_hypernetwork(
                                                       embedding=section.embedding))  # fmt: skip
     else:
         if domains != [section.new_domain]:
-            raise ValueError(f"hypernetwork.new_domain {section.new_domain!r}: every example must be of that "
+            raise InputError(f"hypernetwork.new_domain {section.new_domain!r}: every example must be of that "
                              f"domain (they are of {', '.join(domains) or 'none'})")  # fmt: skip
         network = LoraHypernetwork.load(section.start, encoder.device, encoder)
         for key in ("lora", "embedding"):
             saved = getattr(network.spec, key)
             if key in section.model_fields_set and getattr(section, key) != saved:
-                raise ValueError(f"hypernetwork.{key}: {section.start} was trained with {saved!r}; leave it "
+                raise InputError(f"hypernetwork.{key}: {section.start} was trained with {saved!r}; leave it "
                                  "out to fit a new domain on it")  # fmt: skip
         network.add_domain(section.new_domain)
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)

@@ -16,6 +16,7 @@ import torch
 
 from densekit.data.dataset import Dataset
 from densekit.encoding.store import EmbeddingStore
+from densekit.errors import InputError
 from densekit.models.encoder import DenseEncoder
 from densekit.retrieval.dense import check_passages_made_by
 
@@ -49,17 +50,17 @@ def load_passage_vectors(
     for folder in folders:
         store = EmbeddingStore.open(folder)
         if store.maxp is not None:
-            raise ValueError(f"data.passage_embeddings: {folder} holds MaxP passages, not one vector a text")
+            raise InputError(f"data.passage_embeddings: {folder} holds MaxP passages, not one vector a text")
         check_passages_made_by(encoder, store.identity, f"data.passage_embeddings: {folder} was encoded")
         inference = store.identity.get("inference")
         if inference is not None:
-            raise ValueError(
+            raise InputError(
                 f"data.passage_embeddings: {folder} was encoded by {inference['backend']} at "
                 f"{inference['precision']}; training looks up the float32 vectors PyTorch computes"
             )
         prefixes = [p for p in wanted.get(store.identity["corpus"], []) if p not in matched]
         if store.identity["corpus"] not in wanted:
-            raise ValueError(
+            raise InputError(
                 f"data.passage_embeddings: {folder} was encoded from none of the training collections' "
                 f"corpora ({', '.join(str(path) for path in collections.values())})"
             )
@@ -72,5 +73,5 @@ def load_passage_vectors(
             matrices.append(store.vectors())
     missing = [str(path) for prefix, path in collections.items() if prefix not in matched]
     if missing:
-        raise ValueError(f"data.passage_embeddings: no embeddings of the corpus of {', '.join(missing)}")
+        raise InputError(f"data.passage_embeddings: no embeddings of the corpus of {', '.join(missing)}")
     return PassageVectors(np.concatenate(matrices), rows)

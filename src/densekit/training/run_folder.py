@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from densekit.data.dataset import input_fingerprint
+from densekit.errors import SettingError
 from densekit.io.artefact import read_manifest, write_folder_manifest
 from densekit.io.atomic import atomic_file, remove_dead_temporaries, write_text_atomic
 from densekit.io.outputs import OutputError, claim_folder, clear_folder
@@ -95,7 +96,7 @@ def prepare_run_folder(
     that holds it already, None (recipes) continues it if it is there and starts it otherwise.
     """
     if resume and overwrite:
-        raise ValueError("--resume continues a run and --overwrite starts it again: give one of them")
+        raise SettingError("--resume continues a run and --overwrite starts it again: give one of them")
     output = Path(output)
     identity = run_identity(config)
     inputs = [resolve_model_path(p) if k == "model.path" else p for k, p in config.input_paths().items()]

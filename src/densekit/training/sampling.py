@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from densekit.errors import InputError
 from densekit.training import distributed
 
 
@@ -56,7 +57,7 @@ def epoch_order(
         return order
     if isinstance(grouping, DomainBatching):
         if len(grouping.domains) != example_count:
-            raise ValueError(f"{len(grouping.domains)} domains for {example_count} examples")
+            raise InputError(f"{len(grouping.domains)} domains for {example_count} examples")
         batches = []
         for domain in sorted(set(grouping.domains.tolist())):
             members = order[grouping.domains[order] == domain]
@@ -67,7 +68,7 @@ def epoch_order(
         stacked = np.stack(batches)
         return stacked[rng.permutation(len(stacked))].reshape(-1)
     if len(grouping.lengths) != example_count:
-        raise ValueError(f"{len(grouping.lengths)} lengths for {example_count} examples")
+        raise InputError(f"{len(grouping.lengths)} lengths for {example_count} examples")
     span = batch_size * grouping.bucket_batches
     buckets = [order[start : start + span] for start in range(0, example_count, span)]
     grouped = np.concatenate([b[np.argsort(-grouping.lengths[b], kind="stable")] for b in buckets])
@@ -99,7 +100,7 @@ def local_batch_rows(
     """This process's slice of global batch `step` in `epoch`."""
     world = distributed.world_size()
     if batch_size % world:
-        raise ValueError(f"batch size {batch_size} is not divisible by the {world} processes")
+        raise InputError(f"batch size {batch_size} is not divisible by the {world} processes")
     local = batch_size // world
     rows = global_batch_rows(example_count, batch_size, epoch, step, seed, grouping)
     start = distributed.rank() * local
@@ -111,7 +112,7 @@ def domain_batching(domains: list[str | None], source: str) -> DomainBatching:
     `source`."""
     missing = [line for line, domain in enumerate(domains, start=1) if domain is None]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"{source}:{missing[0]}: no domain; data.batches by_domain needs one on every example "
             f"({len(missing)} lack it; `densekit mine --domain` writes it)"
         )

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import yaml
 
+from densekit.errors import SettingError, StateError
 from densekit.io.atomic import write_text_atomic
 
 log = logging.getLogger("densekit")
@@ -56,9 +57,7 @@ def check_installed(names: Iterable[str]) -> None:
     for name in names:
         package, extra = PACKAGES[name]
         if importlib.util.find_spec(package) is None:
-            raise RuntimeError(
-                f"report_to {name} needs the {package} package: pip install 'densekit[{extra}]'"
-            )
+            raise StateError(f"report_to {name} needs the {package} package: pip install 'densekit[{extra}]'")
 
 
 def scalars_of(record: dict[str, Any]) -> dict[str, float]:
@@ -264,7 +263,7 @@ def _open(name: str, folder: Path, config_yaml: str) -> Tracker:
     """Open one tracker; its library's own errors (a W&B login missing, a tracking server down) become
     one line naming the tracker."""
     if name not in PACKAGES:
-        raise ValueError(f"report_to {name!r}: choose among {', '.join(PACKAGES)}")
+        raise SettingError(f"report_to {name!r}: choose among {', '.join(PACKAGES)}")
     try:
         if name == "tensorboard":
             return TensorBoardTracker(folder, config_yaml)
@@ -273,4 +272,4 @@ def _open(name: str, folder: Path, config_yaml: str) -> Tracker:
         return WandbTracker(folder, config_yaml, folder.resolve().name)
     except Exception as err:  # each library has errors of its own; all of them stop the run the same way
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise RuntimeError(f"report_to {name}: the tracker did not start: {reason}") from err
+        raise StateError(f"report_to {name}: the tracker did not start: {reason}") from err

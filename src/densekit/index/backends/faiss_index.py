@@ -21,6 +21,7 @@ from densekit.data.hits import Hits
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.passages import MaxPSettings
 from densekit.encoding.store import EmbeddingStore
+from densekit.errors import InputError, StateError
 from densekit.index import recall as recall_module
 from densekit.index.base import (
     ADD_BATCH,
@@ -75,7 +76,7 @@ def _measure(
         return index, spec, recall_module.exact_record() | target
     held = recall_module.held_out(settings, chunks, len(store))
     if held.vectors.shape[1] != store.dimension:
-        raise ValueError(f"{held.source}: {held.vectors.shape[1]}-dimensional query vectors for an index of "
+        raise InputError(f"{held.source}: {held.vectors.shape[1]}-dimensional query vectors for an index of "
                          f"{store.dimension}")  # fmt: skip
     searching = f"exact search of {len(held.vectors)} held-out queries"
     with progress_bar(searching, len(store), show_progress) as advance:
@@ -314,7 +315,7 @@ class FaissIndex(SearchIndex, backend="faiss"):
         there is none. With `mmap` the bulk of the index (IVF's lists, flat and HNSW's vectors) stays in
         its file, memory-mapped, read as searches touch it."""
         if mmap and gpu:
-            raise ValueError("a memory-mapped index is searched on the CPU: ask for a GPU or mmap, not both")
+            raise InputError("a memory-mapped index is searched on the CPU: ask for a GPU or mmap, not both")
         flags = 0
         if mmap:
             flags = faiss.IO_FLAG_MMAP if meta["spec"]["type"] == "ivfpq" else faiss.IO_FLAG_MMAP_IFC
@@ -376,11 +377,11 @@ class FaissIndex(SearchIndex, backend="faiss"):
         for (`Hits.doc_ids`). HNSW searches with a candidate list of at least `k` (`ef_search` is the
         list for fewer results): faiss would return fewer than `k` from a shorter one."""
         if queries.ndim != 2 or queries.shape[1] != self.dimension:
-            raise ValueError(
+            raise InputError(
                 f"query vectors of shape {queries.shape}; the index holds dimension {self.dimension}"
             )
         if k < 1:
-            raise ValueError(f"k={k}: at least one result per query must be asked for")
+            raise InputError(f"k={k}: at least one result per query must be asked for")
         depth = min(k, max(1, int(self.index.ntotal)))
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if type(self.index) is faiss.IndexFlatIP and self.index.ntotal:  # exact, on the CPU
@@ -401,7 +402,7 @@ def _faiss_reason(err: RuntimeError) -> str:
 
 def _to_gpus(index: faiss.Index, index_type: str) -> faiss.Index:
     if not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
-        raise RuntimeError("--gpu asked for, but this faiss build sees no GPU (install faiss-gpu)")
+        raise StateError("--gpu asked for, but this faiss build sees no GPU (install faiss-gpu)")
     if index_type == "hnsw":
-        raise RuntimeError("faiss has no GPU HNSW; search an HNSW index on the CPU")
+        raise StateError("faiss has no GPU HNSW; search an HNSW index on the CPU")
     return faiss.index_cpu_to_all_gpus(index)

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from densekit.data.hits import Hits
 from densekit.diagnostics import DataError, Problem
 from densekit.encoding.store import EmbeddingStore
+from densekit.errors import InputError, StateError
 from densekit.index.base import (
     IDS_FILE,
     META_FILE,
@@ -89,14 +90,14 @@ def _milvus_errors(uri: str) -> Iterator[None]:
         yield
     except MilvusException as err:
         message = " ".join(str(getattr(err, "message", "") or err).split())
-        raise RuntimeError(f"Milvus at {uri}: {message}") from None
+        raise StateError(f"Milvus at {uri}: {message}") from None
 
 
 def _client(uri: str) -> Any:
     try:
         from pymilvus import MilvusClient
     except ImportError:
-        raise RuntimeError("the Milvus backend needs pymilvus: pip install 'densekit[milvus]'") from None
+        raise StateError("the Milvus backend needs pymilvus: pip install 'densekit[milvus]'") from None
 
     grpc_server = logging.getLogger("grpc._server")
     if _GRPC_FILTER not in grpc_server.filters:
@@ -299,7 +300,7 @@ class MilvusSearchIndex(SearchIndex, backend=BACKEND):
         """The index of `folder`, whose collection must still hold its embeddings; Milvus searches it,
         so `gpu` is refused (and `mmap`, which is faiss's, does not apply)."""
         if gpu:
-            raise ValueError(f"{folder} is a Milvus index: Milvus searches it, not faiss on a GPU")
+            raise InputError(f"{folder} is a Milvus index: Milvus searches it, not faiss on a GPU")
         return cls(meta, ids, folder, identity)
 
     def _check_collection(self, folder: Path, uri: str, identity: dict[str, Any]) -> None:
@@ -335,11 +336,11 @@ class MilvusSearchIndex(SearchIndex, backend=BACKEND):
     def search(self, queries: np.ndarray, k: int) -> Hits:
         """The top `k` rows per query, from Milvus."""
         if queries.ndim != 2 or queries.shape[1] != self.dimension:
-            raise ValueError(
+            raise InputError(
                 f"query vectors of shape {queries.shape}; the index holds dimension {self.dimension}"
             )
         if k < 1:
-            raise ValueError(f"k={k}: at least one result per query must be asked for")
+            raise InputError(f"k={k}: at least one result per query must be asked for")
         depth = min(k, self.rows, _MAX_TOP_K)
         with _milvus_errors(self.meta["uri"]):
             found = self.client.search(

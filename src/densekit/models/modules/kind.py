@@ -139,17 +139,17 @@ class ModuleKind(ABC):
         """The weights of `base`, by layer name, whose gradients over a module's first
         `spec.selection_batches` batches choose its positions; only a `positions_from_gradients` kind
         chooses them."""
-        raise ValueError(f"a {self.name} module does not choose its positions from gradients")
+        raise ModuleError(f"a {self.name} module does not choose its positions from gradients")
 
     def positions_from_scores(self, scores: dict[str, torch.Tensor], spec: Any) -> Positions:
         """The positions a module of `spec` changes, by layer name, from each of its `gradient_targets`'
         summed gradient magnitudes."""
-        raise ValueError(f"a {self.name} module does not choose its positions from gradients")
+        raise ModuleError(f"a {self.name} module does not choose its positions from gradients")
 
     def fold(self, tower: Tower, base: torch.nn.Module) -> torch.nn.Module:
         """A standalone copy of `base` with `tower`'s module folded into its weights; the tower and the
         base are left as they are. Only a `mergeable` kind folds."""
-        raise ValueError(f"a {self.name} module does not fold into the base's weights")
+        raise ModuleError(f"a {self.name} module does not fold into the base's weights")
 
     def shared_positions(self, sources: list[Any]) -> dict[str, Positions] | None:
         """The positions every one of `sources` changes, which must be the same for them to average;
@@ -163,7 +163,7 @@ class ModuleKind(ABC):
         every tensor is the `weights`-weighted average of the `sources`' (`EncoderModule`s of this kind
         with the same settings), and return it."""
         if any(spec != specs[0] for spec in specs):
-            raise ValueError(settings_differ(sources))
+            raise ModuleError(settings_differ(sources))
         averaged = encoder.new_module(specs[0], self.shared_positions(sources))
         with torch.no_grad():
             for place, tower in averaged.towers().items():

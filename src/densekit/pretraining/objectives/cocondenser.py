@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from densekit.device import autocast
+from densekit.errors import InputError
 from densekit.pretraining.backbone import MaskedLanguageModel
 from densekit.pretraining.base import register_objective
 from densekit.pretraining.corpus import TokenizedCorpus
@@ -87,7 +88,7 @@ class CoCondenserTask(CondenserTask):
     def check(cls, config: PretrainSettings) -> None:
         """Refuse spans that, with their two special tokens, do not fit a sequence."""
         if config.cocondenser.span_max + 2 > config.model.max_length:
-            raise ValueError("cocondenser.span_max + 2 special tokens exceed model.max_length")
+            raise InputError("cocondenser.span_max + 2 special tokens exceed model.max_length")
 
     def __init__(self, mlm: MaskedLanguageModel, corpus: TokenizedCorpus, config: PretrainSettings):
         super().__init__(mlm, corpus, config)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from densekit.errors import InputError
 from densekit.pretraining.backbone import MaskedLanguageModel, init_like_bert
 from densekit.pretraining.base import PretrainTask, register_objective
 from densekit.pretraining.corpus import TokenizedCorpus
@@ -64,7 +65,7 @@ class Condenser(torch.nn.Module):
         super().__init__()
         config = mlm.model.config
         if not 0 < settings.skip_from < config.num_hidden_layers:
-            raise ValueError(
+            raise InputError(
                 f"condenser.skip_from must be between 1 and {config.num_hidden_layers - 1} for this "
                 f"{config.num_hidden_layers}-layer model, got {settings.skip_from}"
             )

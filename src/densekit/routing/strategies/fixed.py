@@ -10,6 +10,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from densekit.errors import InputError
 from densekit.routing.strategy import BASE, Domains, RouteParts, RouteSpec, RoutingStrategy, register_strategy
 
 log = logging.getLogger("densekit")
@@ -72,5 +73,5 @@ class FixedStrategy(RoutingStrategy):
         domains: Domains | None,
     ) -> torch.Tensor:
         if domains is None:
-            raise ValueError("a fixed route needs each query's domain")
+            raise InputError("a fixed route needs each query's domain")
         return fixed_weights(route.spec, domains)

@@ -8,7 +8,13 @@ import peft
 import torch
 from pydantic import Field
 
-from densekit.models.modules.kind import BERT_ATTENTION, BaseSpec, LayerName, register_module_kind
+from densekit.models.modules.kind import (
+    BERT_ATTENTION,
+    BaseSpec,
+    LayerName,
+    ModuleError,
+    register_module_kind,
+)
 from densekit.models.modules.layers import adaptable, suffix_targets
 from densekit.models.modules.peft_kind import TASK, PeftKind
 
@@ -57,7 +63,7 @@ class LoraKind(PeftKind):
         modules' changes; they need the same target modules and towers, any ranks."""
         first = specs[0]
         if any(set(s.target_modules) != set(first.target_modules) or s.towers != first.towers for s in specs):
-            raise ValueError("LoRA modules average only with the same target modules and towers")
+            raise ModuleError("LoRA modules average only with the same target modules and towers")
         rank = sum(spec.rank for spec in specs)
         spec = first.model_copy(update={"rank": rank, "alpha": float(rank)})
         averaged = encoder.new_module(spec)  # scaling alpha / rank = 1

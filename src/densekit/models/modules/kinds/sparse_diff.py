@@ -68,7 +68,7 @@ class SparseDiffKind(OwnKind):
         freeze(base)
         model = shared_copy(base)
         if positions is None:
-            raise ValueError("a sparse difference needs the positions it changes")
+            raise ModuleError("a sparse difference needs the positions it changes")
         targets = dict(matching(model, spec.target_modules))
         _weights(list(targets.items()), spec.target_modules)
         unknown = sorted(set(positions) - set(targets))
@@ -106,7 +106,7 @@ class SparseDiffKind(OwnKind):
                 if positions.keys() != theirs.keys() or any(
                     not torch.equal(v, theirs[k]) for k, v in positions.items()
                 ):
-                    raise ValueError(f"sparse differences {first.name!r} and {other.name!r} change other "
+                    raise ModuleError(f"sparse differences {first.name!r} and {other.name!r} change other "
                                      "positions; they average only on the same ones")  # fmt: skip
             indices["query" if place == "." else place] = positions
         return indices
