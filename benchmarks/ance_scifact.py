@@ -28,10 +28,10 @@ from benchmarks import WORK
 from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
-from densekit.evaluation.in_memory import evaluate_encoder
-from densekit.fine_tuning import run_training
+from densekit.evaluation.encoder_evaluation import evaluate_encoder
 from densekit.models import DenseEncoder
 from densekit.training.config import TrainConfig
+from densekit.training.fine_tuning import run_training
 
 RUNS = ["in-batch", "bm25", "static", "ance"]
 

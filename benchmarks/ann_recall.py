@@ -53,7 +53,7 @@ def encode(model: str, data: Path, embeddings: Path, device: str, batch: int) ->
     from densekit.encoding.corpus import encode_corpus
     from densekit.encoding.store import EmbeddingStore
     from densekit.models.config import EncoderOptions
-    from densekit.routing.loading import load_model_or_route
+    from densekit.routing.model_or_route import load_model_or_route
 
     encoder, _ = load_model_or_route(model, device, EncoderOptions())
     encoder.eval()

@@ -17,8 +17,8 @@ from benchmarks.gpu_inputs import Shape, file_sha256
 from densekit.configuration import validate_config
 from densekit.data import Dataset
 from densekit.data.examples import read_examples, write_examples
-from densekit.fine_tuning import run_training
 from densekit.training.config import TrainConfig
+from densekit.training.fine_tuning import run_training
 
 # The fine-tune whose loss curve a GPU run (bf16, GradCache) must follow from the CPU's (float32): the
 # same seeded model without dropout, the same batches in the same order, so that only the arithmetic

@@ -28,8 +28,8 @@ CONFIGURATIONS = [
 
 def child(data: Path, train_file: Path, batch: int, grad_cache: bool, steps: int, output: Path) -> None:
     from densekit.configuration import validate_config
-    from densekit.fine_tuning import run_training
     from densekit.training.config import TrainConfig
+    from densekit.training.fine_tuning import run_training
 
     config = validate_config(
         {

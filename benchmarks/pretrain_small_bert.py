@@ -46,7 +46,7 @@ from densekit.data import Dataset
 from densekit.data.trec import read_run
 from densekit.device import resolve_device
 from densekit.diagnostics import DataError, Diagnostics
-from densekit.evaluation.in_memory import evaluate_encoder
+from densekit.evaluation.encoder_evaluation import evaluate_encoder
 from densekit.evaluation.significance import paired_test, per_query
 from densekit.io.atomic import write_text_atomic
 from densekit.models import DenseEncoder, resolve_model_path

@@ -34,11 +34,11 @@ from benchmarks.machine import machine_info
 from densekit.configuration import validate_config
 from densekit.data import Dataset
 from densekit.data.examples import read_examples
-from densekit.fine_tuning import run_training
 from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
 from densekit.models import resolve_model_path
 from densekit.training.config import TrainConfig
+from densekit.training.fine_tuning import run_training
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -15,19 +15,19 @@ import numpy as np
 import pytest
 import torch
 
-from densekit.ance.hook import AnceHook
-from densekit.ance.inferencer import refresh, run_inferencer
-from densekit.ance.versions import NegativeVersions
 from densekit.data import Dataset
 from densekit.data.examples import TrainingExample, read_examples, write_examples
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.embed import embed_texts
 from densekit.encoding.passages import MaxPSettings, PassageSplitter, best_passage_run
 from densekit.encoding.store import EmbeddingStore
-from densekit.fine_tuning import run_training
 from densekit.index import IndexSpec, SearchIndex, build_index
 from densekit.models import DenseEncoder
+from densekit.training.ance.hook import AnceHook
+from densekit.training.ance.inferencer import refresh, run_inferencer
+from densekit.training.ance.versions import NegativeVersions
 from densekit.training.checkpoint import save_checkpoint
+from densekit.training.fine_tuning import run_training
 from densekit.training.trainer import Trainer
 
 from .conftest import dead_pid, write_beir

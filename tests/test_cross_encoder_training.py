@@ -15,12 +15,12 @@ from densekit.cli.main import app
 from densekit.configuration import validate_config
 from densekit.data.dataset import Dataset
 from densekit.data.examples import read_examples
-from densekit.fine_tuning import run_cross_encoder_training
 from densekit.io.outputs import OutputError
 from densekit.mining.teacher import score_examples, work_file
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.recipes.runner import run_recipe
 from densekit.training.config import CrossEncoderTrainConfig
+from densekit.training.fine_tuning import run_cross_encoder_training
 from densekit.training.listwise import CrossEncoderTask, listwise_loss
 
 from .test_training import gradients, killed_at_step_five, max_difference

@@ -19,10 +19,10 @@ import torch
 
 import densekit
 from densekit.encoding.embed import embed_texts
-from densekit.fine_tuning import run_training
 from densekit.index.exact_search import _top_k_of_blocks, exact_top_k
 from densekit.models import DenseEncoder
 from densekit.training.contrastive import contrastive_loss
+from densekit.training.fine_tuning import run_training
 from densekit.training.grad_cache import split_inputs
 from densekit.training.trainer import Trainer
 

@@ -85,7 +85,8 @@ def test_densekit_raises_its_own_errors_not_bare_value_or_runtime_errors():
         ("class C:\n    def f(self):\n        if 1:\n            raise ValueError('x')\n",
          ["<source>:4: raise ValueError"]),
         ("from densekit.errors import InputError\ndef f():\n    raise InputError('x')\n", []),
-        ("class M(BaseModel):\n    @field_validator('a')\n    def _a(cls, v):\n        raise ValueError('x')\n",
+        ("class M(BaseModel):\n    @field_validator('a')\n    def _a(cls, v):\n"
+         "        raise ValueError('x')\n",
          []),
         ("class M(BaseModel):\n    @model_validator(mode='after')\n    def _m(self):\n"
          "        def inner():\n            raise ValueError('x')\n        inner()\n", []),

@@ -11,7 +11,7 @@ import torch
 
 from densekit.data.dataset import Dataset
 from densekit.diagnostics import DataError
-from densekit.fine_tuning import run_training
+from densekit.training.fine_tuning import run_training
 from densekit.training.sampling import (
     DomainBatching,
     LengthGrouping,
@@ -146,7 +146,7 @@ def test_training_on_two_collections_reads_each_examples_documents_from_its_own(
     collection, tiny_model, tmp_path
 ):
     from densekit.data.examples import read_examples, write_examples
-    from densekit.fine_tuning import read_training_inputs
+    from densekit.training.fine_tuning import read_training_inputs
 
     from .conftest import write_beir
 

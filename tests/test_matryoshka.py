@@ -22,13 +22,13 @@ from densekit.data import Dataset
 from densekit.data.examples import read_examples
 from densekit.encoding.embed import embed_texts
 from densekit.encoding.store import EmbeddingStore
-from densekit.fine_tuning import run_training
 from densekit.io.artefact import read_file_manifest, read_manifest
 from densekit.models import DenseEncoder
 from densekit.models.dimensions import DimensionsError, truncated
 from densekit.recipes.runner import load_recipe
 from densekit.training.config import TrainConfig
 from densekit.training.contrastive import ContrastiveTask
+from densekit.training.fine_tuning import run_training
 
 from .test_distillation import scored  # noqa: F401  (a fixture)
 from .test_modules import KINDS

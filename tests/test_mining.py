@@ -123,7 +123,7 @@ def test_dense_mining_takes_positives_from_a_flat_index_with_the_scores_encoding
     from densekit.index import FaissIndex, IndexSpec
     from densekit.mining.mine import dense_candidates
     from densekit.models import DenseEncoder
-    from densekit.retrieval.in_memory import index_corpus
+    from densekit.retrieval.memory_index import index_corpus
 
     root, train = write_training_collection(tmp_path / "data")
     encoder = DenseEncoder.load(tiny_st_model).eval()

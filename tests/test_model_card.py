@@ -13,12 +13,12 @@ import torch
 import yaml
 
 from densekit.encoding.embed import embed_texts
-from densekit.fine_tuning import run_training
 from densekit.io.artefact import read_manifest, verify
 from densekit.io.model_card import markdown_text
 from densekit.models import DenseEncoder
 from densekit.routing.route import Route
 from densekit.routing.strategies import RouteSpec
+from densekit.training.fine_tuning import run_training
 
 from .test_modules import TEXTS, put_module
 from .test_training import make_config

@@ -18,7 +18,6 @@ import torch.multiprocessing as mp
 from pydantic import TypeAdapter
 
 from densekit.encoding.embed import embed_texts
-from densekit.fine_tuning import run_training
 from densekit.models import DenseEncoder
 from densekit.models.merge import merged_encoder
 from densekit.models.modules.kind import MODULE_KINDS, ModuleKind
@@ -27,6 +26,7 @@ from densekit.models.modules.module import ModuleError
 from densekit.models.modules.peft_kind import PeftKind
 from densekit.models.modules.specs import ModuleSpec
 from densekit.training.checkpoint import load_state, save_state
+from densekit.training.fine_tuning import run_training
 
 from .conftest import tiny_bert
 from .test_training import (

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from densekit.configuration import validate_config
 from densekit.data import DataError
 from densekit.data.examples import TrainingExample, write_examples
-from densekit.fine_tuning import run_training
 from densekit.training.config import CrossEncoderTrainConfig
 from densekit.training.contrastive import ContrastiveTask, contrastive_loss, multi_positive_loss
+from densekit.training.fine_tuning import run_training
 from densekit.training.groups import GroupSampler
 from densekit.training.sampling import global_batch_rows
 

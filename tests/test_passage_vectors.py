@@ -10,8 +10,8 @@ import pytest
 from densekit.data import Dataset
 from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.embed import embed_texts
-from densekit.fine_tuning import run_training
 from densekit.models import DenseEncoder
+from densekit.training.fine_tuning import run_training
 
 from .test_cross_encoder_training import make_config as cross_encoder_config
 from .test_training import make_config

@@ -205,11 +205,11 @@ def test_mined_pseudo_queries_never_take_their_own_passage_or_a_copy_of_it_as_a_
 def test_corpus_modules_and_a_route_trained_on_their_pseudo_queries_load_and_search_like_any(
     tiny_st_model: Path, tmp_path: Path
 ):
-    from densekit.fine_tuning import run_training
     from densekit.index import SearchIndex
     from densekit.models.encoder import DenseEncoder
     from densekit.recipes.runner import load_recipe, run_recipe
     from densekit.routing.route import Route
+    from densekit.training.fine_tuning import run_training
 
     from .test_modules import put_module
     from .test_training import make_config

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from densekit.data import Dataset
-from densekit.evaluation.in_memory import evaluate_encoder
+from densekit.evaluation.encoder_evaluation import evaluate_encoder
 from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 from densekit.quickstart import KNOWN_COLLECTIONS, collection_digest, run_quickstart

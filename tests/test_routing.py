@@ -371,7 +371,7 @@ def module_folders(tiny_model: Path, tmp_path: Path) -> dict[str, str]:
 def test_training_a_router_changes_only_the_router_and_saves_a_route_that_loads(
     collection, tiny_model: Path, module_folders: dict[str, str], tmp_path: Path, route_type: str
 ):
-    from densekit.fine_tuning import run_training
+    from densekit.training.fine_tuning import run_training
 
     from .test_training import make_config
 
@@ -400,7 +400,7 @@ def test_training_a_router_changes_only_the_router_and_saves_a_route_that_loads(
 def test_a_killed_router_run_resumes_to_the_same_route(
     collection, tiny_model: Path, module_folders: dict[str, str], tmp_path: Path, monkeypatch, strategy: str
 ):
-    from densekit.fine_tuning import run_training
+    from densekit.training.fine_tuning import run_training
 
     from .test_training import killed_at_step_five, make_config
 
@@ -695,8 +695,8 @@ def test_training_a_hypernetwork_changes_only_it_and_saves_one_that_loads(
     collection, tiny_model: Path, tmp_path: Path
 ):
     from densekit.data.examples import read_examples, write_examples
-    from densekit.fine_tuning import run_training
     from densekit.routing.hypernetwork import LoraHypernetwork
+    from densekit.training.fine_tuning import run_training
 
     from .test_training import make_config
 
@@ -732,8 +732,8 @@ def test_a_new_domain_fits_only_its_embedding_and_its_generated_module_is_writte
 
     from densekit.cli.main import app
     from densekit.data.examples import read_examples, write_examples
-    from densekit.fine_tuning import run_training
     from densekit.routing.hypernetwork import LoraHypernetwork
+    from densekit.training.fine_tuning import run_training
 
     from .test_training import make_config
 

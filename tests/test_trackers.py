@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from densekit.cli.main import main
-from densekit.fine_tuning import run_training
+from densekit.training.fine_tuning import run_training
 from densekit.training.trackers import mlflow_name, scalars_of
 
 from .test_training import killed_at_step_five, make_config
@@ -243,8 +243,8 @@ def test_pretraining_and_cross_encoder_runs_report_the_same_log(
                                               report_to=["tensorboard"])  # fmt: skip
         run_pretraining(config, run, show_progress=False)
     else:
-        from densekit.fine_tuning import run_cross_encoder_training
         from densekit.training.config import CrossEncoderTrainConfig
+        from densekit.training.fine_tuning import run_cross_encoder_training
 
         config = test_cross_encoder_training.make_config(collection, tiny_model, optim={"max_steps": 2})
         tree = {**config.model_dump(mode="json"), "report_to": "tensorboard"}

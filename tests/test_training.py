@@ -19,18 +19,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from densekit.ance.versions import NegativeVersions
 from densekit.configuration import dump_config, validate_config
 from densekit.data import DataError
 from densekit.data.examples import TrainingExample, read_examples, write_examples
 from densekit.encoding.embed import embed_texts
-from densekit.fine_tuning import run_training
 from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 from densekit.training import distributed
+from densekit.training.ance.versions import NegativeVersions
 from densekit.training.checkpoint import checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint
 from densekit.training.config import TrainConfig
 from densekit.training.contrastive import ContrastiveTask, contrastive_loss
+from densekit.training.fine_tuning import run_training
 from densekit.training.grad_cache import split_inputs
 from densekit.training.sampling import global_batch_rows
 from densekit.training.trainer import Trainer
@@ -329,7 +329,7 @@ import safetensors.torch
 from densekit.configuration import load_config
 from densekit.training import checkpoint
 from densekit.training.config import TrainConfig
-from densekit.fine_tuning import run_training
+from densekit.training.fine_tuning import run_training
 from densekit.training.sampling import global_batch_rows
 
 real_save = safetensors.torch.save_file

@@ -20,7 +20,6 @@ import pytest
 import yaml
 
 from densekit.encoding.embed import embed_texts
-from densekit.fine_tuning import run_training
 from densekit.io.artefact import MANIFEST, read_manifest, verify
 from densekit.io.fingerprint import file_digest
 from densekit.io.readme import CARD_MARK
@@ -29,6 +28,7 @@ from densekit.models.cross_encoder import CrossEncoder
 from densekit.routing.route import Route
 from densekit.routing.strategies import RouteSpec
 from densekit.training.checkpoint import checkpoints
+from densekit.training.fine_tuning import run_training
 
 from ..conftest import write_beir
 from ..test_modules import TEXTS, put_module

@@ -172,7 +172,7 @@ def load_model(
     route's) is refused without one, and with one when the route does not route it. A mistyped MODEL or
     --module folder is refused before torch is imported."""
     check_model_inputs(model, options)
-    from densekit.routing.loading import load_model_or_route
+    from densekit.routing.model_or_route import load_model_or_route
     from densekit.routing.route import is_route_folder
 
     if domain and not is_route_folder(model):

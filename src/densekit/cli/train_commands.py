@@ -79,8 +79,8 @@ def train(
     Several processes: `torchrun --nproc_per_node N -m densekit train CONFIG --out DIR`.
     """
     from densekit.configuration import load_config
-    from densekit.fine_tuning import run_training
     from densekit.training.config import TrainConfig
+    from densekit.training.fine_tuning import run_training
 
     extra = list(overrides or [])
     if grad_cache is not None:
@@ -108,8 +108,8 @@ def train_cross_encoder(
     CrossEncoder loads. --resume and --overwrite are those of `densekit train`.
     """
     from densekit.configuration import load_config
-    from densekit.fine_tuning import run_cross_encoder_training
     from densekit.training.config import CrossEncoderTrainConfig
+    from densekit.training.fine_tuning import run_cross_encoder_training
 
     extra = list(overrides or []) + report_to_override(report_to)
     run_cross_encoder_training(
@@ -301,7 +301,7 @@ def ance_infer(
     A trainer with `ance.inferencer: local` starts one itself; with `external`, start them here, on
     this or other machines that share OUT. Stops when the trainer ends.
     """
-    from densekit.ance.inferencer import run_inferencer
+    from densekit.training.ance.inferencer import run_inferencer
 
     run_inferencer(out, threads, progress, once, watch_parent)
 

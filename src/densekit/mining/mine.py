@@ -31,7 +31,7 @@ from densekit.models.encoder import DenseEncoder
 from densekit.progress import progress_bar
 from densekit.retrieval.bm25 import BM25Index
 from densekit.retrieval.dense import check_compatible
-from densekit.retrieval.in_memory import index_corpus
+from densekit.retrieval.memory_index import index_corpus
 
 log = logging.getLogger("densekit")
 

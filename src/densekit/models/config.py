@@ -85,7 +85,7 @@ class EncoderOptions:
     """How an encoder is loaded: overrides of the settings its folder saved (None keeps the folder's), a
     module folder to put on it, and whether code shipped with the model may run. Every command that
     loads an encoder takes one (`densekit.cli.options.with_encoder_options` declares its options once),
-    and `densekit.routing.loading.load_model_or_route` loads with it."""
+    and `densekit.routing.model_or_route.load_model_or_route` loads with it."""
 
     pooling: Pooling | None = None
     normalize: bool | None = None

@@ -24,9 +24,14 @@ from densekit.inference import infer_in_batches
 from densekit.io.artefact import artefact_dir
 from densekit.io.model_card import write_model_card
 from densekit.models.card import cross_encoder_card
+from densekit.models.checkpoint_files import (
+    check_artefact_kind,
+    check_vocabulary,
+    load_pretrained,
+    load_tokenizer,
+)
 from densekit.models.fingerprint import weights_fingerprint
 from densekit.models.hub import resolve_model_path
-from densekit.models.loading import check_artefact_kind, check_vocabulary, load_pretrained, load_tokenizer
 
 log = logging.getLogger("densekit")
 

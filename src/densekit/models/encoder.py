@@ -14,17 +14,17 @@ from densekit.errors import InputError
 from densekit.io.artefact import artefact_dir
 from densekit.io.model_card import write_model_card
 from densekit.models.card import encoder_card
-from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
-from densekit.models.dimensions import check_dimensions, truncated
-from densekit.models.fingerprint import tensors_fingerprint, weights_fingerprint
-from densekit.models.hub import locate_model
-from densekit.models.loading import (
+from densekit.models.checkpoint_files import (
     check_artefact_kind,
     check_vocabulary,
     load_pretrained,
     load_tokenizer,
     validated_file,
 )
+from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
+from densekit.models.dimensions import check_dimensions, truncated
+from densekit.models.fingerprint import tensors_fingerprint, weights_fingerprint
+from densekit.models.hub import locate_model
 from densekit.models.modules.module import EncoderModule, ModuleError, is_module_folder, read_module_file
 from densekit.models.packed import packed_hidden, packs, worth_packing
 from densekit.models.pooling import pool, without_prompt

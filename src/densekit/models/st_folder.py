@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from densekit.diagnostics import DataError, Problem
+from densekit.models.checkpoint_files import read_json_file, read_json_object
 from densekit.models.config import EncoderConfig
-from densekit.models.loading import read_json_file, read_json_object
 
 _TRANSFORMER = "sentence_transformers.models.Transformer"
 _POOLING = "sentence_transformers.models.Pooling"

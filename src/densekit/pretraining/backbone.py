@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from densekit.errors import InputError
+from densekit.models.checkpoint_files import load_pretrained
 from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
 from densekit.models.hub import locate_model
-from densekit.models.loading import load_pretrained
 from densekit.pretraining.masking import IGNORE
 
 log = logging.getLogger("densekit")

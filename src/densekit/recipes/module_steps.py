@@ -18,7 +18,7 @@ from densekit.models.averaging import average_modules
 from densekit.models.encoder import DenseEncoder
 from densekit.recipes.steps import Step
 from densekit.routing.hypernetwork import LoraHypernetwork
-from densekit.routing.loading import load_model_or_route
+from densekit.routing.model_or_route import load_model_or_route
 from densekit.routing.route import Route, load_modules
 from densekit.routing.strategies import RouteSpec
 

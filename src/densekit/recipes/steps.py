@@ -22,7 +22,6 @@ from densekit.encoding.onnx_backend import Backend, InferencePrecision, torch_pr
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
 from densekit.evaluation.fusion import check_fusion_settings, check_weights, fuse_runs
-from densekit.fine_tuning import run_cross_encoder_training, run_training
 from densekit.index import SearchIndex, build_index
 from densekit.index.registry import spec_for
 from densekit.io.outputs import check_file_output, write_output_text
@@ -38,6 +37,7 @@ from densekit.retrieval.bm25 import BM25Config, BM25Index
 from densekit.retrieval.rerank import rerank_run
 from densekit.retrieval.retriever import Retriever
 from densekit.training.config import CrossEncoderTrainConfig, RunConfig, TrainConfig
+from densekit.training.fine_tuning import run_cross_encoder_training, run_training
 
 log = logging.getLogger("densekit")
 

@@ -25,7 +25,7 @@ from densekit.progress import progress_bar
 from densekit.retrieval.dense import check_compatible
 from densekit.retrieval.documents import DocumentStore, DocumentsUnavailable
 from densekit.retrieval.hit import Hit
-from densekit.routing.loading import load_model_or_route
+from densekit.routing.model_or_route import load_model_or_route
 from densekit.routing.route import Route
 
 log = logging.getLogger("densekit")

@@ -24,9 +24,9 @@ from torch.func import functional_call
 from densekit.diagnostics import DataError, Problem
 from densekit.errors import InputError
 from densekit.io.artefact import artefact_dir, verify
+from densekit.models.checkpoint_files import read_safetensors, validated_file
 from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
-from densekit.models.loading import read_safetensors, validated_file
 from densekit.models.modules.kind import ModuleError
 from densekit.models.modules.kinds.lora import LoraSpec
 from densekit.models.modules.module import BaseRecord, EncoderModule

@@ -25,10 +25,10 @@ from densekit.errors import InputError
 from densekit.io.artefact import artefact_dir, verify
 from densekit.io.model_card import write_model_card
 from densekit.models.card import route_card
+from densekit.models.checkpoint_files import read_safetensors, validated_file
 from densekit.models.config import EncoderConfig
 from densekit.models.encoder import DenseEncoder
 from densekit.models.fingerprint import tensors_fingerprint
-from densekit.models.loading import read_safetensors, validated_file
 from densekit.models.modules.module import BaseRecord, read_module_file
 from densekit.models.modules.tower import state_mismatch
 from densekit.routing.strategies import AnyRouteSpec, RouteSpec

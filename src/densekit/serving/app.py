@@ -13,9 +13,9 @@ from fastapi import FastAPI
 from densekit.device import Precision
 from densekit.retrieval.retriever import Retriever
 from densekit.serving import api_docs, error_answers
+from densekit.serving.endpoints import embeddings, search, status
 from densekit.serving.metrics import MetricsMiddleware
 from densekit.serving.middleware import BodyLimit, HostCheck
-from densekit.serving.routes import embeddings, search, status
 from densekit.serving.service import SearchService
 from densekit.serving.settings import Batching, Limits
 

@@ -20,9 +20,9 @@ from densekit.diagnostics import DataError, Problem
 from densekit.io.artefact import artefact_dir, verify
 from densekit.io.model_card import write_model_card
 from densekit.models.card import module_card
+from densekit.models.checkpoint_files import validated_file
 from densekit.models.config import EncoderConfig
 from densekit.models.fingerprint import tensors_fingerprint
-from densekit.models.loading import validated_file
 from densekit.models.modules.kind import ModuleError, Positions, kind_of
 from densekit.models.modules.sizing import check_module_size
 from densekit.models.modules.specs import ModuleSpec

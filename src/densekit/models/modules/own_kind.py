@@ -12,7 +12,7 @@ import safetensors.torch
 import torch
 from torch.nn.utils import parametrize
 
-from densekit.models.loading import read_safetensors
+from densekit.models.checkpoint_files import read_safetensors
 from densekit.models.modules.kind import ModuleError, ModuleKind
 from densekit.models.modules.tower import Tower, state_mismatch
 

@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from densekit.io.readme import CARD_FILE
-from densekit.models.loading import read_safetensors
+from densekit.models.checkpoint_files import read_safetensors
 from densekit.models.modules.kind import ModuleError, ModuleKind, Positions
 from densekit.models.modules.layers import matching
 from densekit.models.modules.tower import Tower, freeze, shared_copy, state_mismatch

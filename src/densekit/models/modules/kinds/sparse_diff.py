@@ -13,7 +13,7 @@ from pydantic import Field
 from torch.nn.utils import parametrize
 from transformers import PreTrainedModel
 
-from densekit.models.loading import read_safetensors
+from densekit.models.checkpoint_files import read_safetensors
 from densekit.models.modules.kind import (
     BaseSpec,
     LayerPattern,

@@ -8,17 +8,17 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from densekit.ance.hook import AnceHook
 from densekit.data.dataset import Dataset
 from densekit.data.examples import TrainingExample, check_example_ids, read_examples
 from densekit.data.records import Document
 from densekit.diagnostics import Diagnostics
 from densekit.errors import InputError
-from densekit.evaluation.in_memory import evaluate_encoder
+from densekit.evaluation.encoder_evaluation import evaluate_encoder
 from densekit.io.lock import holding
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.models.encoder import DenseEncoder
 from densekit.models.modules.module import is_module_folder
+from densekit.training.ance.hook import AnceHook
 from densekit.training.config import CrossEncoderTrainConfig, DataSection, TrainConfig
 from densekit.training.contrastive import ContrastiveTask
 from densekit.training.listwise import CrossEncoderTask

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from densekit.ance.versions import NegativeVersions
 from densekit.training import distributed
+from densekit.training.ance.versions import NegativeVersions
 from densekit.training.config import AnceSection
 from densekit.training.contrastive import ContrastiveTask
 

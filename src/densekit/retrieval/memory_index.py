@@ -1,7 +1,7 @@
 """Exact dense retrieval held in memory: a corpus encoded into an index that is never saved.
 
 For work inside a run (evaluation during training, mining) where writing embedding and index
-folders would only be thrown away; `densekit.evaluation.in_memory` scores its runs.
+folders would only be thrown away; `densekit.evaluation.encoder_evaluation` scores its runs.
 """
 
 from __future__ import annotations

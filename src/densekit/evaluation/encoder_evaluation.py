@@ -12,7 +12,7 @@ from densekit.data.records import Document, Qrels
 from densekit.device import Precision
 from densekit.evaluation.measures import evaluate
 from densekit.models.encoder import DenseEncoder
-from densekit.retrieval.in_memory import index_corpus
+from densekit.retrieval.memory_index import index_corpus
 from densekit.retrieval.retriever import Retriever
 
 

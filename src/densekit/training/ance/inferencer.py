@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from densekit.ance.versions import NegativeVersions
 from densekit.configuration import load_config
 from densekit.data.dataset import Dataset
 from densekit.device import resolve_device
@@ -24,7 +23,8 @@ from densekit.errors import StateError
 from densekit.mining.filters import choose_negatives
 from densekit.mining.mine import dense_candidates
 from densekit.models.encoder import DenseEncoder
-from densekit.retrieval.in_memory import index_corpus
+from densekit.retrieval.memory_index import index_corpus
+from densekit.training.ance.versions import NegativeVersions
 from densekit.training.checkpoint import checkpoints
 from densekit.training.config import TrainConfig
 from densekit.training.trainer import CHECKPOINTS
