@@ -22,7 +22,7 @@ from densekit.encoding.corpus import encode_corpus
 from densekit.encoding.embed import embed_texts
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import evaluate
-from densekit.evaluation.benchmark import run_benchmark
+from densekit.evaluation.benchmark import BenchmarkOptions, run_benchmark
 from densekit.evaluation.compare import compare_runs
 from densekit.evaluation.fusion import linear_fusion, reciprocal_rank_fusion
 from densekit.evaluation.significance import holm, paired_test, per_query
@@ -202,12 +202,12 @@ def test_a_second_benchmark_reuses_every_stage_and_reports_the_same_scores(
 ):
     encoder = DenseEncoder.load(tiny_model)
     data = [beir_dir, collection[0]]
-    first = run_benchmark(encoder, "tiny", data, tmp_path / "bench", show_progress=False)
+    first = run_benchmark(encoder, "tiny", data, tmp_path / "bench", BenchmarkOptions(show_progress=False))
     assert [c.name for c in first.collections] == ["beir", "data"]
     assert all(isinstance(v, float) for c in first.collections for v in c.stages.values())
     parts = sorted((tmp_path / "bench").glob("*/embeddings/*.npy"))
     stamps = [p.stat().st_mtime_ns for p in parts]
-    again = run_benchmark(encoder, "tiny", data, tmp_path / "bench", show_progress=False)
+    again = run_benchmark(encoder, "tiny", data, tmp_path / "bench", BenchmarkOptions(show_progress=False))
     assert all(v == "reused" for c in again.collections for v in c.stages.values())
     assert [p.stat().st_mtime_ns for p in parts] == stamps
     assert [c.scores for c in again.collections] == [c.scores for c in first.collections]
@@ -225,23 +225,29 @@ def test_a_benchmark_redoes_the_dense_stages_when_the_collection_changes(
 ):
     encoder = DenseEncoder.load(tiny_model)
     data = make_beir()
-    run_benchmark(encoder, "tiny", [data], tmp_path / "bench", show_progress=False)
+    run_benchmark(encoder, "tiny", [data], tmp_path / "bench", BenchmarkOptions(show_progress=False))
     with (data / "queries.jsonl").open("a") as handle:  # queries change: the runs are made again
         handle.write(json.dumps({"_id": "q9", "text": "an extra query"}) + "\n")
-    again = run_benchmark(encoder, "tiny", [data], tmp_path / "bench", show_progress=False)
+    again = run_benchmark(encoder, "tiny", [data], tmp_path / "bench", BenchmarkOptions(show_progress=False))
     stages = again.collections[0].stages
     assert (stages["encode"], stages["index"]) == ("reused", "reused")
     assert isinstance(stages["bm25"], float) and isinstance(stages["search"], float)
 
 
 def test_a_benchmark_folder_of_another_model_is_refused(beir_dir: Path, tiny_model: Path, tmp_path: Path):
-    run_benchmark(DenseEncoder.load(tiny_model), "tiny", [beir_dir], tmp_path / "bench", show_progress=False)
+    run_benchmark(
+        DenseEncoder.load(tiny_model),
+        "tiny",
+        [beir_dir],
+        tmp_path / "bench",
+        BenchmarkOptions(show_progress=False),
+    )
     other = DenseEncoder.load(tiny_bert(tmp_path / "other", seed=1))
     with pytest.raises(ValueError, match="differs in: model"):
-        run_benchmark(other, "other", [beir_dir], tmp_path / "bench", show_progress=False)
+        run_benchmark(other, "other", [beir_dir], tmp_path / "bench", BenchmarkOptions(show_progress=False))
     # with overwrite, every stage of the model is made again; BM25's is still the same
     redone = run_benchmark(
-        other, "other", [beir_dir], tmp_path / "bench", show_progress=False, overwrite=True
+        other, "other", [beir_dir], tmp_path / "bench", BenchmarkOptions(show_progress=False, overwrite=True)
     )
     stages = redone.collections[0].stages
     assert stages["bm25"] == "reused"

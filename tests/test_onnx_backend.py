@@ -15,7 +15,7 @@ from densekit.cli import app
 from densekit.encoding.embed import embed_texts
 from densekit.encoding.onnx_backend import ExportError, export_encoder, use_backend
 from densekit.encoding.store import EmbeddingStore
-from densekit.evaluation.benchmark import run_benchmark
+from densekit.evaluation.benchmark import BenchmarkOptions, run_benchmark
 from densekit.io.outputs import OutputError
 from densekit.models import DenseEncoder
 from densekit.models.modules.kinds.lora import LoraSpec
@@ -151,11 +151,13 @@ def test_searching_with_onnx_queries_gives_the_torch_run(tiny_model: Path, beir_
 def test_a_benchmark_on_another_backend_encodes_again(tiny_model: Path, beir_dir: Path, tmp_path: Path):
     encoder = DenseEncoder.load(tiny_model)
     folder = tmp_path / "bench"
-    first = run_benchmark(encoder, "tiny", [beir_dir], folder, show_progress=False)
+    first = run_benchmark(encoder, "tiny", [beir_dir], folder, BenchmarkOptions(show_progress=False))
     with pytest.raises(ValueError, match="inference"):
         use_backend(encoder, "onnx", "float32")
-        run_benchmark(encoder, "tiny", [beir_dir], folder, show_progress=False)
-    again = run_benchmark(encoder, "tiny", [beir_dir], folder, show_progress=False, overwrite=True)
+        run_benchmark(encoder, "tiny", [beir_dir], folder, BenchmarkOptions(show_progress=False))
+    again = run_benchmark(
+        encoder, "tiny", [beir_dir], folder, BenchmarkOptions(show_progress=False, overwrite=True)
+    )
     stages = again.collections[0].stages
     assert isinstance(stages["encode"], float) and isinstance(stages["search"], float)
     assert stages["bm25"] == "reused"

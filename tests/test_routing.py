@@ -558,15 +558,17 @@ def test_a_benchmark_with_a_route_searches_each_collection_by_its_domain_and_reu
     from densekit.data import Dataset
     from densekit.data.trec import read_run
     from densekit.diagnostics import Diagnostics
-    from densekit.evaluation.benchmark import run_benchmark
+    from densekit.evaluation.benchmark import BenchmarkOptions, run_benchmark
     from densekit.index import SearchIndex
     from densekit.retrieval.retriever import Retriever
+
+    quick = BenchmarkOptions(k=5, show_progress=False)
 
     route = Route(encoder, RouteSpec(type="fixed", modules=["a", "b"], domains={"x": "a", "y": "b"}))
 
     def benchmark():
-        return run_benchmark(encoder, "routed", [beir_dir, beir_dir], tmp_path / "bench", k=5,
-                             show_progress=False, route=route, domains=["x", "y"])  # fmt: skip
+        return run_benchmark(encoder, "routed", [beir_dir, beir_dir], tmp_path / "bench", quick, route=route,
+                             domains=["x", "y"])  # fmt: skip
 
     result = benchmark()
     queries = Dataset.open(beir_dir).split_queries("test")[0]
@@ -591,10 +593,12 @@ def test_a_query_only_module_searches_the_bases_index_and_a_benchmark_given_it_e
     from densekit.data.trec import read_run
     from densekit.diagnostics import Diagnostics
     from densekit.encoding.corpus import embedding_identity
-    from densekit.evaluation.benchmark import run_benchmark
+    from densekit.evaluation.benchmark import BenchmarkOptions, run_benchmark
+
+    quick = BenchmarkOptions(k=5, show_progress=False)
 
     dataset = Dataset.open(beir_dir)
-    base = run_benchmark(encoder, "base", [beir_dir], tmp_path / "base", k=5, show_progress=False)
+    base = run_benchmark(encoder, "base", [beir_dir], tmp_path / "base", quick)
     base_index_dir = tmp_path / "base" / base.collections[0].name / "index"
     encoder.activate("a")  # query-only: its passages are the base's, so are its embeddings' records
     assert np.array_equal(embeddings(encoder), embed_texts_with(encoder, None))
@@ -603,8 +607,8 @@ def test_a_query_only_module_searches_the_bases_index_and_a_benchmark_given_it_e
     assert a_identity == embedding_identity(encoder, dataset, 1, None)
 
     encoder.activate("a")
-    own = run_benchmark(encoder, "a", [beir_dir], tmp_path / "own", k=5, show_progress=False)
-    given = run_benchmark(encoder, "a", [beir_dir], tmp_path / "given", k=5, show_progress=False,
+    own = run_benchmark(encoder, "a", [beir_dir], tmp_path / "own", quick)
+    given = run_benchmark(encoder, "a", [beir_dir], tmp_path / "given", quick,
                           indexes=[base_index_dir])  # fmt: skip
     assert given.collections[0].stages["encode"] == f"given: {base_index_dir}"
     assert not (tmp_path / "given" / given.collections[0].name / "embeddings").exists()
@@ -616,10 +620,10 @@ def test_a_query_only_module_searches_the_bases_index_and_a_benchmark_given_it_e
 
     put_module(encoder, "lora", "both")  # a module that changes passages cannot search the base's index
     with pytest.raises(ValueError, match=r"built with the base model alone .* passages with module 'both'"):
-        run_benchmark(encoder, "both", [beir_dir], tmp_path / "both", k=5, show_progress=False,
+        run_benchmark(encoder, "both", [beir_dir], tmp_path / "both", quick,
                       indexes=[base_index_dir])  # fmt: skip
     with pytest.raises(ValueError, match="2 indexes for 1 collections"):
-        run_benchmark(encoder, "both", [beir_dir], tmp_path / "both", k=5, show_progress=False,
+        run_benchmark(encoder, "both", [beir_dir], tmp_path / "both", quick,
                       indexes=[base_index_dir, base_index_dir])  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from densekit.data.dataset import Dataset
 from densekit.device import resolve_device
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND
-from densekit.evaluation.benchmark import benchmark_collection
+from densekit.evaluation.benchmark import BenchmarkOptions, benchmark_collection
 from densekit.io.artefact import write_folder_manifest
 from densekit.io.outputs import claim_folder, write_output_text
 from densekit.models import DenseEncoder
@@ -107,18 +107,8 @@ def run_quickstart(
         write_folder_manifest(output, KIND, identity, {"data": str(data_dir)})
     encoder = DenseEncoder.load(model).to(resolve_device(device))
     name = Path(resolve_model_path(model)).name if model != MODEL else "all-MiniLM-L6-v2"
-    result = benchmark_collection(
-        encoder,
-        name,
-        dataset,
-        output,
-        SPLIT,
-        list(DEFAULT_MEASURES),
-        1000,
-        batch_size,
-        show_progress,
-        overwrite,
-    )
+    options = BenchmarkOptions(SPLIT, list(DEFAULT_MEASURES), 1000, batch_size, show_progress, overwrite)
+    result = benchmark_collection(encoder, name, dataset, output, options)
     metrics = result.scores
     write_output_text(output / "metrics.json", SCORES_KIND, json.dumps(metrics, indent=2) + "\n")
     known = KNOWN_COLLECTIONS.get(identity["data"])

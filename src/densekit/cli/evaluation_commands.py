@@ -136,18 +136,18 @@ def benchmark(
     encoded that way, and every stage records it.
     """
     from densekit.encoding.onnx_backend import use_backend
-    from densekit.evaluation.benchmark import run_benchmark
+    from densekit.evaluation.benchmark import BENCHMARK_MEASURES, BenchmarkOptions, run_benchmark
 
-    measures = measure or ["nDCG@10", "R@100"]
+    measures = measure or list(BENCHMARK_MEASURES)
     parse_measures(measures)
     given_backend = None if backend == "torch" else backend
     encoder, route = load_model(model, device, encoder_options, domain, backend=given_backend)
     torch_precision = use_backend(encoder, backend, precision)
     label = _model_label(model, encoder_options.module, encoder_options.dimensions)
+    options = BenchmarkOptions(split, measures, k, batch_size, progress, overwrite, torch_precision)
     result = run_benchmark(
-        encoder, name or label, data_dirs, output, split, measures, k, batch_size,
-        progress, overwrite, route, domain or None, index or None, torch_precision,
-    )  # fmt: skip
+        encoder, name or label, data_dirs, output, options, route, domain or None, index or None
+    )
     table = Table("collection", "queries", *[f"{s} {m}" for m in result.measures for s in result.systems])
     means = result.means()
     for row in [*((c.name, str(c.queries), c.scores) for c in result.collections), ("mean", "", means)]:

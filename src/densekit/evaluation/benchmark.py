@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,31 @@ KIND = "benchmark"
 RESULTS_KIND = "benchmark results"
 BM25_NAME = "BM25"
 _ENTRIES = ("results.*",)
+BENCHMARK_MEASURES = ("nDCG@10", "R@100")
+
+
+@dataclass(frozen=True)
+class BenchmarkOptions:
+    """How a benchmark runs, the same for each of its collections: the `split` searched, the `measures`
+    scored (default nDCG@10 and R@100), the depth `k` of each run, the encoding `batch_size`, progress
+    bars, whether stages of another model may be replaced (`overwrite`), and torch's autocast
+    `precision` (the encoder's `runtime`, when set, encodes instead: `onnx_backend.use_backend`)."""
+
+    split: str = "test"
+    measures: Sequence[str] | None = None
+    k: int = 1000
+    batch_size: int = 64
+    show_progress: bool = True
+    overwrite: bool = False
+    precision: Precision = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "measures", tuple(self.measures or BENCHMARK_MEASURES))
+
+    @property
+    def measure_names(self) -> list[str]:
+        """The measures, as a list."""
+        return list(self.measures or BENCHMARK_MEASURES)
 
 
 @dataclass
@@ -115,25 +141,19 @@ def run_benchmark(
     model_name: str,
     data_dirs: list[Path],
     output: Path,
-    split: str = "test",
-    measures: list[str] | None = None,
-    k: int = 1000,
-    batch_size: int = 64,
-    show_progress: bool = True,
-    overwrite: bool = False,
+    options: BenchmarkOptions = BenchmarkOptions(),
     route: Route | None = None,
     domains: list[str] | None = None,
     indexes: list[Path] | None = None,
-    precision: Precision = "float32",
 ) -> BenchmarkResult:
-    """BM25 and `encoder` on the `split` of each collection; writes the table, its JSON and a chart.
-    With `route` (on `encoder`), queries are routed over the base's passages, each collection's by its
-    domain (`domains`, one per collection; default: the collections' names). With `indexes` (one per
-    collection), each collection is searched in its given index, checked to be of the passages this
-    encoder makes, instead of encoding the corpus: the base's indexes serve every query-only module and
-    route of that base. `precision` is torch's autocast; the encoder's `runtime`, when set, encodes
-    instead (`onnx_backend.use_backend`), and either is recorded by every stage."""
-    measures = measures or ["nDCG@10", "R@100"]
+    """BM25 and `encoder` on the split of each collection, as `options` say; writes the table, its JSON
+    and a chart. With `route` (on `encoder`), queries are routed over the base's passages, each
+    collection's by its domain (`domains`, one per collection; default: the collections' names). With
+    `indexes` (one per collection), each collection is searched in its given index, checked to be of the
+    passages this encoder makes, instead of encoding the corpus: the base's indexes serve every
+    query-only module and route of that base. The encoder's inference (torch at `options.precision`, or
+    its `runtime`) is recorded by every stage."""
+    measures = options.measure_names
     parse_measures(measures)  # an unknown measure fails before any work
     if not data_dirs:
         raise InputError("benchmark needs at least one collection")
@@ -146,12 +166,12 @@ def run_benchmark(
     if indexes is not None and len(indexes) != len(data_dirs):
         raise InputError(f"{len(indexes)} indexes for {len(data_dirs)} collections: give one per collection")
     output = Path(output)
-    identity = {"model": encoder.identity(), "split": split, "k": k}
+    identity = {"model": encoder.identity(), "split": options.split, "k": options.k}
     if route is not None:
         identity["route"] = route.identity()
-    identity = with_inference(identity, encoder, precision)
+    identity = with_inference(identity, encoder, options.precision)
     inputs = [*data_dirs, encoder.source]
-    if claim_folder(output, KIND, identity, inputs, overwrite, _ENTRIES) == "new":
+    if claim_folder(output, KIND, identity, inputs, options.overwrite, _ENTRIES) == "new":
         output.mkdir(parents=True, exist_ok=True)
         write_folder_manifest(output, KIND, identity, {"model": encoder.source})
     results = []
@@ -159,15 +179,15 @@ def run_benchmark(
         log.info("collection %d of %d: %s (%s)", number, len(datasets), name, dataset.root)
         fixed = route is not None and route.strategy.takes_domains
         domain = (domains[number - 1] if domains is not None else name) if fixed else None
+        given = None if indexes is None else Path(indexes[number - 1])
         result = benchmark_collection(
-            encoder, model_name, dataset, output / name, split, measures, k, batch_size, show_progress,
-            overwrite, route, domain, None if indexes is None else Path(indexes[number - 1]), precision,
-        )  # fmt: skip
+            encoder, model_name, dataset, output / name, options, route, domain, given
+        )
         results.append(result)
         log.info(
             "%s: %s", name, ", ".join(f"{s} {m} {v[m]:.4f}" for s, v in result.scores.items() for m in v)
         )
-    result = BenchmarkResult(model_name, split, measures, results)
+    result = BenchmarkResult(model_name, options.split, measures, results)
     write_output_text(output / "results.json", RESULTS_KIND, json.dumps(result.to_json(), indent=2) + "\n")
     write_output_text(output / "results.md", RESULTS_KIND, result.to_markdown())
     plot_benchmark(result, output / "results.png")
@@ -179,23 +199,18 @@ def benchmark_collection(
     model_name: str,
     dataset: Dataset,
     folder: Path,
-    split: str = "test",
-    measures: list[str] | None = None,
-    k: int = 1000,
-    batch_size: int = 64,
-    show_progress: bool = True,
-    overwrite: bool = False,
+    options: BenchmarkOptions = BenchmarkOptions(),
     route: Route | None = None,
     domain: str | None = None,
     given_index: Path | None = None,
-    precision: Precision = "float32",
 ) -> CollectionResult:
-    """BM25 and `encoder` on one collection, in `folder` (`bm25.trec`, `embeddings/`, `index/`,
-    `dense.trec`), each stage reused when what made it is unchanged; the caller checks that `folder`
-    may be written. With `route`, queries are routed (by `domain` for a fixed route). With
+    """BM25 and `encoder` on one collection, as `options` say, in `folder` (`bm25.trec`, `embeddings/`,
+    `index/`, `dense.trec`), each stage reused when what made it is unchanged; the caller checks that
+    `folder` may be written. With `route`, queries are routed (by `domain` for a fixed route). With
     `given_index`, that index is searched (after checking it holds this encoder's passages of this
-    corpus) and the corpus is not encoded. `precision` as for `run_benchmark`."""
-    measures = measures or ["nDCG@10", "R@100"]
+    corpus) and the corpus is not encoded."""
+    split, k, precision = options.split, options.k, options.precision
+    batch_size, show_progress, overwrite = options.batch_size, options.show_progress, options.overwrite
     folder.mkdir(parents=True, exist_ok=True)
     queries, qrels = dataset.split_queries(split)
     split_identity = {
@@ -241,7 +256,7 @@ def benchmark_collection(
 
     scores = {}
     for system, path in ((BM25_NAME, bm25_run), (model_name, dense_run)):
-        scores[system] = evaluate(qrels, read_run(path, Diagnostics()), measures)
+        scores[system] = evaluate(qrels, read_run(path, Diagnostics()), options.measure_names)
     return CollectionResult(folder.name, str(dataset.root), len(queries), scores, stages)
 
 

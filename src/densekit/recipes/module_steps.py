@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 from densekit.data.dataset import Dataset
 from densekit.data.examples import EXAMPLES_KIND, read_examples, write_examples
 from densekit.errors import InputError
-from densekit.evaluation.benchmark import run_benchmark
+from densekit.evaluation.benchmark import BENCHMARK_MEASURES, BenchmarkOptions, run_benchmark
 from densekit.io.outputs import check_file_output, write_output_text
 from densekit.limits import MAX_RUN_DEPTH
 from densekit.models.averaging import average_modules
@@ -125,7 +125,7 @@ class BenchmarkStep(Step):
         default=None, description="an index per collection, searched instead of encoding its corpus"
     )
     split: str = "test"
-    measures: list[str] = Field(default_factory=lambda: ["nDCG@10", "R@100"])
+    measures: list[str] = Field(default_factory=lambda: list(BENCHMARK_MEASURES))
     k: int = Field(1000, ge=1, le=MAX_RUN_DEPTH)
     batch_size: int = 64
 
@@ -137,10 +137,12 @@ class BenchmarkStep(Step):
         encoder, route = load_model_or_route(self.model, device)
         for path in self.data:
             Dataset.open(path)  # a missing collection fails before any work
+        options = BenchmarkOptions(
+            self.split, self.measures, self.k, self.batch_size, show_progress, overwrite
+        )
         run_benchmark(
             encoder, self.name or self._name or Path(self.model).name, [Path(p) for p in self.data],
-            Path(self.output),
-            self.split, self.measures, self.k, self.batch_size, show_progress, overwrite, route, self.domains,
+            Path(self.output), options, route, self.domains,
             None if self.indexes is None else [Path(p) for p in self.indexes],
         )  # fmt: skip
 
