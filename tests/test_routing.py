@@ -453,7 +453,7 @@ def test_router_gradients_with_grad_cache_equal_the_full_batchs(
         task = ContrastiveTask(encoder, examples, texts, config, route, config.route.modules)
         figures = task.forward_backward(task.batch(0, 0))
         results.append((figures["loss"], gradients(route.router)))
-    assert results[0][0] == pytest.approx(results[1][0], abs=1e-10)
+    assert float(results[0][0]) == pytest.approx(float(results[1][0]), abs=1e-10)
     assert max_difference(results[0][1], results[1][1]) < 1e-10
     assert max(float(g.abs().max()) for g in results[0][1].values()) > 1e-6
 
