@@ -518,6 +518,10 @@ MARKERS = {
 }  # fmt: skip
 
 
+# where several families hold the same bytes a vector, each drawn a little aside (a factor of its bytes)
+OFFSETS = {"binary + int8": 0.9, "st ubinary": 1.1, "st int8": 1.1, "int8": 1.0}
+
+
 def family(name: str) -> str:
     """A method's family: its name without the rescore multiplier."""
     return name.rsplit(" x", 1)[0] if " x" in name else name
@@ -548,15 +552,20 @@ def plot(results: dict, output: Path) -> None:
             groups.setdefault(family(method), []).append((ram, share, depth))
         for group, points in groups.items():
             marker, colour = MARKERS.get(group, ("o", None))
-            offset = 1.08 if group.startswith("st ") else 1.0  # beside densekit's at the same RAM
+            offset = OFFSETS.get(group, 1.0)  # side by side where several hold the same bytes
             axis.plot([p[0] * offset for p in points], [p[1] for p in points], marker=marker, color=colour,
                       linestyle="-" if len(points) > 1 else "", label=group, markersize=8)  # fmt: skip
+            left = offset < 1
             for ram, share, depth in points:
                 if depth:
-                    axis.annotate(f"x{depth}", (ram * offset, share), fontsize=7, xytext=(4, -3),
-                                  textcoords="offset points")  # fmt: skip
+                    axis.annotate(f"x{depth}", (ram * offset, share), fontsize=7, color=colour,
+                                  xytext=(-16 if left else 5, -3), textcoords="offset points")  # fmt: skip
         axis.axhline(GOAL_SHARE, color="grey", linestyle=":", label=f"{GOAL_SHARE} of flat")
         axis.set_xscale("log")
+        dimension = target["collection"]["dimension"]
+        ticks = {dimension / 8: "binary", dimension: "int8", 4 * dimension: "float32"}
+        axis.set_xticks(list(ticks), [f"{value:,.0f} B\n({name})" for value, name in ticks.items()])
+        axis.minorticks_off()
         axis.set_xlabel("bytes of RAM a vector (log)")
         axis.set_ylabel("nDCG@10 / float32 flat's")
         about = target["collection"]
