@@ -571,10 +571,14 @@ def plot(results: dict, output: Path) -> None:
         about = target["collection"]
         axis.set_title(f"{name}: {about['documents']:,} documents, {about['test_queries']} test queries")
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7, loc="lower right")
     for axis in list(axes.flat)[len(targets) :]:
         axis.set_visible(False)
-    figure.tight_layout()
+    shown = {}  # every family drawn on any panel, once, below the panels (a legend inside hides points)
+    for axis in axes.flat:
+        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
+            shown.setdefault(label, handle)
+    figure.legend(list(shown.values()), list(shown), loc="lower center", ncol=5, fontsize=9)
+    figure.tight_layout(rect=(0, 0.07 / rows, 1, 1))
     figure.savefig(output.with_suffix(".png"), dpi=110)
     plt.close(figure)
 
