@@ -116,3 +116,28 @@ def test_every_method_measured_from_the_same_vectors_and_a_second_run_keeps_it(
         for stage in ("build", "quality"):
             assert compression.entries(again["collections"]["small"])[name][stage]["measured_in"] == 0
     assert again["collections"]["small"]["speed"]["measured_in"] == 0
+
+
+def test_a_slice_is_measured_from_the_vectors_given_never_encoded(tmp_path: Path, tiny_st_model: Path):
+    _, part, embeddings = wiki_fixtures.wiki_like(tmp_path, tiny_st_model)
+    work, output = tmp_path / "work", tmp_path / "wiki.json"
+    skip = ["ivfpq", "st int8", "st int8 x2", "binary + float32 x2"]
+    compression.main(["--sizes", f"small={part}", "--embeddings", str(embeddings), "--model",
+                      str(tiny_st_model), "--work", str(work), "--output", str(output), "--rescore", "2",
+                      "--threads", "1", "--batches", "4", "--seconds", "0.01", "--rounds", "1",
+                      "--skip", *skip])  # fmt: skip
+    target = json.loads(output.read_text())["collections"]["small"]
+    assert target["collection"]["documents"] == wiki_fixtures.SLICE
+    assert target["collection"]["test_queries"] == wiki_fixtures.QUERIES["test"]
+    assert list(compression.entries(target)) == ["flat", "int8", "binary", "binary + int8 x2", "st ubinary",
+                                                 "st ubinary x2"]  # fmt: skip
+    # the slice's rows, taken by id from the whole corpus's vectors: flat's top 10 are exact search's
+    store = EmbeddingStore.open(work / "small" / "embeddings")
+    full = EmbeddingStore.open(embeddings)
+    rows = {doc: row for row, doc in enumerate(full.ids())}
+    assert np.array_equal(store.vectors(), full.vectors()[[rows[doc] for doc in store.ids()]])
+    test = np.load(next((work / "queries").glob("test-*.npy")))
+    _, exact = faiss.knn(test, store.vectors(), 10, metric=faiss.METRIC_INNER_PRODUCT)
+    assert recall_against(np.load(work / "small" / "exact-test.npy"), exact) == 1.0
+    assert target["binary"]["quality"]["nDCG@10"] == target["st ubinary"]["quality"]["nDCG@10"]
+    assert target["speed"]["1 thread, 4 a call"]["binary + int8 x2_qps"] > 0
