@@ -12,7 +12,7 @@ the split's queries (`--split`, test):
   the embeddings record;
 - `RRF`: the two fused by reciprocal rank fusion (`densekit.evaluation.fusion`, k 60), 1,000 deep;
 - with `--fine-tuned NAME=RUN`, a run of the size's test queries (the `test.trec` of
-  `recipes/wiki1m-round1.yaml`) as a fourth row.
+  `benchmarks/recipes/wiki1m-round1.yaml`) as a fourth row.
 
 Each is scored by nDCG@10, R@100 and R@1000 and tested against MiniLM zero-shot query by query (the
 paired t-test and randomisation test `densekit compare` runs: BM25 and RRF Holm-corrected over the
@@ -26,7 +26,7 @@ again resumes. Run from the repository root (`runs/wiki/embeddings`: the whole c
     E="--embeddings runs/wiki/embeddings --work runs/wiki/bench"
     Q="nice -n 5 .venv/bin/python -m benchmarks.wiki_quality $E"
     $Q --sizes $S --output benchmarks/results/wiki_quality.json
-    nice -n 5 .venv/bin/densekit run recipes/wiki1m-round1.yaml --out runs/wiki/round1
+    nice -n 5 .venv/bin/densekit run benchmarks/recipes/wiki1m-round1.yaml --out runs/wiki/round1
     $Q --sizes $S --fine-tuned 100k=runs/wiki/round1/test.trec --output benchmarks/results/wiki_quality.json
 """
 
