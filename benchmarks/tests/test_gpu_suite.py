@@ -21,6 +21,7 @@ def finite_positive(*values: float) -> bool:
     return all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in values)
 
 
+@pytest.mark.slow  # left out of CI for its length (the GPU suite on CPU shapes); `pytest -m slow` runs it
 @pytest.mark.timeout(1500)  # about 2 minutes on a quiet 2-core CPU; many more where it is shared
 def test_every_part_runs_on_tiny_shapes_and_a_failing_part_leaves_the_rest_running(tmp_path: Path):
     shared = shared_collection("scifact").parent
