@@ -149,3 +149,10 @@ def draw_sweeps(
     axis.set_ylabel("recall@10 against flat (test queries)")
     axis.set_title(title)
     axis.legend(fontsize=8)
+
+
+def with_commands(lines: list[str], results: dict) -> str:
+    """The markdown `lines` followed by the command of each run that wrote `results`, each once."""
+    commands = [f"    {run['command']}" for run in results.get("runs", [])]
+    heading = "Commands (each run that wrote these results):"
+    return "\n".join([*lines, heading, "", *dict.fromkeys(commands)]) + "\n"

@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import WORK
-from benchmarks.ann_measures import paired_speed, recall_against
+from benchmarks.ann_measures import paired_speed, recall_against, with_commands
 from benchmarks.wiki_inputs import (
     MODEL,
     Ledger,
@@ -504,11 +504,7 @@ def table(results: dict) -> str:
             lines += ["", f"Goal (binary + int8 rescoring >= {GOAL_SHARE} of flat's nDCG@10 at 1/32 of its "
                           f"RAM): {verdict}"]  # fmt: skip
         lines.append("")
-    commands = [f"    {run['command']}" for run in results.get("runs", [])]
-    return (
-        "\n".join([*lines, "Commands (each run that wrote these results):", "", *dict.fromkeys(commands)])
-        + "\n"
-    )
+    return with_commands(lines, results)
 
 
 MARKERS = {

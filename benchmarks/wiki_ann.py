@@ -61,6 +61,7 @@ from benchmarks.ann_measures import (
     recall_against,
     search_threads,
     sweep,
+    with_commands,
 )
 from benchmarks.wiki_inputs import (
     Ledger,
@@ -442,11 +443,7 @@ def table(results: dict) -> str:
             lines += ["", f"Goal (>= 5x flat at test recall@10 >= target, nDCG@10 within 0.005): "
                           f"{', '.join(met) or 'not met'}."]  # fmt: skip
         lines.append("")
-    commands = [f"    {run['command']}" for run in results.get("runs", [])]
-    return (
-        "\n".join([*lines, "Commands (each run that wrote these results):", "", *dict.fromkeys(commands)])
-        + "\n"
-    )
+    return with_commands(lines, results)
 
 
 def plot(results: dict, output: Path) -> None:
