@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -125,13 +126,13 @@ def onnx_matmul_rate(integer: bool, size: int = 2048, calls: int = 5) -> float:
     return 2 * size**3 / best
 
 
-def densekit_encoder(backend: str, precision: str, max_length: int) -> tuple[Any, str]:
-    """all-MiniLM-L6-v2 loaded by densekit for passages through `backend` at `precision`, and the torch
-    precision to encode at (an ONNX export is made and checked here, not timed)."""
+def densekit_encoder(backend: str, precision: str, max_length: int, model: str = MODEL) -> tuple[Any, str]:
+    """`model` (all-MiniLM-L6-v2) loaded by densekit for passages through `backend` at `precision`, and
+    the torch precision to encode at (an ONNX export is made and checked here, not timed)."""
     from densekit.encoding.onnx_backend import use_backend
     from densekit.models import DenseEncoder
 
-    encoder = DenseEncoder.load(MODEL, passage_max_length=max_length).eval()
+    encoder = DenseEncoder.load(model, passage_max_length=max_length).eval()
     return encoder, use_backend(encoder, backend, precision, ["passage"])
 
 
@@ -253,7 +254,7 @@ def quality(args: argparse.Namespace) -> dict:
             raise SystemExit(
                 f"{name}: its vectors are float32's (packing changes no vector); time it in `rates`"
             )
-        encoder, autocast = densekit_encoder(backend, precision, args.max_length)
+        encoder, autocast = densekit_encoder(backend, precision, args.max_length, args.model)
         if backend == "onnx":  # queries through the same export
             from densekit.encoding.onnx_backend import use_backend
 
@@ -266,8 +267,8 @@ def quality(args: argparse.Namespace) -> dict:
         seconds = time.perf_counter() - start
         store = EmbeddingStore.open(folder)
         query_vectors = embed_texts(encoder, [queries[q] for q in ids], "query", args.batch_size, autocast)
-        scores, rows = exact_top_k(store.vectors(), query_vectors, 1000)
-        doc_ids = np.asarray(store.ids, dtype=object)
+        scores, rows = exact_top_k(store.vectors(), query_vectors, min(1000, len(store)))
+        doc_ids = np.asarray(store.ids(), dtype=object)
         run = {q: {str(doc_ids[r]): float(s) for r, s in zip(rows[i], scores[i], strict=True) if r >= 0}
                for i, q in enumerate(ids)}  # fmt: skip
         metrics = evaluate(qrels, run, ["nDCG@10", "R@100", "R@1000"])
@@ -280,7 +281,7 @@ def quality(args: argparse.Namespace) -> dict:
     return results
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -294,15 +295,16 @@ def main() -> None:
     parser.add_argument("--force-bf16", action="store_true", help="rates: time bf16 even where emulated")
     parser.add_argument("--paths", nargs="+", default=["torch float32", "onnx int8"], help="quality: paths")
     parser.add_argument("--split", default="test")
+    parser.add_argument("--model", default=MODEL, help="quality: the model (rates time all-MiniLM-L6-v2)")
     parser.add_argument("--work", type=Path, default=WORK / "wiki_encoding")
     parser.add_argument("--output", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     started = time.perf_counter()
     measured = rates(args) if args.part == "rates" else quality(args)
     result = {
         "benchmark": f"wiki_encoding {args.part}",
-        "command": " ".join(["python -m benchmarks.wiki_encoding", *sys.argv[1:]]),
-        "model": MODEL,
+        "command": shlex.join(["python", "-m", "benchmarks.wiki_encoding", *(argv or sys.argv[1:])]),
+        "model": args.model if args.part == "quality" else MODEL,
         "max_length": args.max_length,
         "batch_size": args.batch_size,
         **measured,
