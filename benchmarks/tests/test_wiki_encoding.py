@@ -37,4 +37,6 @@ def test_float32_row_is_the_slice_searched_exactly_and_a_second_run_reuses_its_e
     written = stored.stat().st_mtime_ns
     main(argv)
     assert stored.stat().st_mtime_ns == written  # the slice's encoding kept, not made again
-    assert json.loads(output.read_text())["torch float32"]["metrics"] == row["metrics"]
+    again = json.loads(output.read_text())["torch float32"]
+    assert again["metrics"] == row["metrics"]
+    assert again["encoding_reused"] and "encode_s" not in again and "encode_s" in row  # no stale time
