@@ -48,6 +48,22 @@ def test_the_top_rows_are_a_brute_force_ranking_in_any_blocks(monkeypatch, block
             assert np.array_equal(queries[query] @ vectors[tied].T, np.full(len(tied), scores[query, -1]))
 
 
+def test_a_lone_query_gets_the_ranking_it_gets_among_others():
+    # one query a call is searched by faiss's brute force, more by torch's product: the same rows, ties
+    # in row order, and (whole-number vectors) the same scores
+    vectors, queries = integer_vectors(300, 6, 0), integer_vectors(23, 6, 1)
+    for k in (1, 5, 300):
+        batch_scores, batch_rows = exact_top_k(vectors, queries, k)
+        for query in range(len(queries)):
+            scores, rows = exact_top_k(vectors, queries[query : query + 1], k)
+            assert scores.dtype == np.float32 and rows.dtype == np.int64 and rows.shape == (1, k)
+            assert np.array_equal(scores[0], batch_scores[query])
+            above = batch_scores[query] > batch_scores[query, -1]
+            assert np.array_equal(rows[0, above], batch_rows[query, above])
+            tied = rows[0, ~above]
+            assert np.all(np.diff(tied) > 0)
+
+
 def test_equal_rows_come_in_row_order_across_blocks(monkeypatch):
     # one vector copied into rows 3, 10 and 17 (three blocks of 7), and the best match of the query
     vectors = -np.abs(integer_vectors(21, 4, 2))
@@ -82,7 +98,9 @@ def test_a_flat_index_returns_the_brute_force_ranking_loaded_or_mapped(tmp_path:
     build_index(store, IndexSpec(type="flat"), tmp_path / "index", show_progress=False)
     index = SearchIndex.load(tmp_path / "index", mmap=mmap)
     queries = integer_vectors(9, 8, 4)
-    hits = index.search(queries, 500)
     expected_scores, expected_rows = brute_force(vectors, queries, 500)
-    assert hits.doc_ids().tolist() == [[f"doc{row}" for row in ranked] for ranked in expected_rows]
-    assert np.array_equal(hits.scores, expected_scores.astype(np.float32))
+    for some in (queries, queries[:1]):  # a lone query is searched another way
+        hits = index.search(some, 500)
+        ranked = expected_rows[: len(some)]
+        assert hits.doc_ids().tolist() == [[f"doc{row}" for row in rows] for rows in ranked]
+        assert np.array_equal(hits.scores, expected_scores[: len(some)].astype(np.float32))
