@@ -5,13 +5,16 @@ Each file is one of:
 - identical: the same bytes;
 - benign: different bytes for a reason that cannot change a result:
   - JSON (and JSON Lines) equal once each tree's own paths (its root, the checkout it ran, from its
-    `_identity_run.json`) are replaced by a placeholder and the keys that hold times are dropped
+    `_identity_run.json`; in keys too) are replaced by a placeholder and the keys that hold times dropped
     (`created`, `seconds`, `timings`, `stages`, `elapsed`, `wall_clock`, any key ending `_s`,
     `_seconds`, `_per_second`); a file named `timings.json` by its keys alone;
   - JSON whose only other differences are digests (`sha256:...`) of a file or folder that is itself
     identical or benign: a manifest's checksums, a folder's digest (`digest_of(tree_checksums(...))`,
     with or without densekit's manifest), a step record's fingerprint of an input;
-  - text equal once the paths are replaced;
+  - text equal once the paths are replaced, or differing only by such digests (whole or cut short, as
+    model cards show them) and, beside a folder's digest, that folder's size;
+  - paths are the trees' own (root, checkout) and relative paths climbing out of the tree (a model
+    card names its base model from the folder holding its own), which change with where a tree lies;
   - safetensors holding the same tensors (name, dtype, shape, bytes) and metadata in another order;
   - `training_curves.png` beside a training log (`*.jsonl`) that is identical or benign;
   - the run record (`_identity_run.json`) when the model, data, parts and steps agree;
@@ -30,10 +33,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +49,12 @@ VOLATILE_KEYS = {"created", "seconds", "timings", "stages", "elapsed", "wall_clo
 VOLATILE_SUFFIXES = ("_s", "_seconds", "_per_second")
 RECORD_KEYS = ("model", "data", "parts", "max_steps")
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+DIGESTS = re.compile(r"(sha256:[0-9a-f]{12,64})")
+SIZE = re.compile(r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)\b")
+UPWARD = re.compile(r"(?<![\w./-])(?:\.\./)+[\w.\-/]*")
 _ABSENT = object()
+SAME = "(the same digest)"
+Rewrites = tuple[Callable[[str], str], Callable[[str], str]]
 
 
 @dataclass(frozen=True)
@@ -83,14 +92,14 @@ def is_volatile(key: str) -> bool:
     return key in VOLATILE_KEYS or key.endswith(VOLATILE_SUFFIXES)
 
 
-def normalised(value: Any, paths: list[tuple[re.Pattern[str], str]]) -> Any:
-    """`value` with volatile keys dropped and each path of `paths` in its strings replaced."""
+def normalised(value: Any, rewrite: Callable[[str], str]) -> Any:
+    """`value` with volatile keys dropped and its strings, keys included, passed through `rewrite`."""
     if isinstance(value, dict):
-        return {k: normalised(v, paths) for k, v in value.items() if not is_volatile(k)}
+        return {rewrite(k): normalised(v, rewrite) for k, v in value.items() if not is_volatile(k)}
     if isinstance(value, list):
-        return [normalised(v, paths) for v in value]
+        return [normalised(v, rewrite) for v in value]
     if isinstance(value, str):
-        return replaced(value, paths)
+        return rewrite(value)
     return value
 
 
@@ -99,6 +108,17 @@ def replaced(text: str, paths: list[tuple[re.Pattern[str], str]]) -> str:
     for pattern, placeholder in paths:
         text = pattern.sub(placeholder, text)
     return text
+
+
+def without_own_paths(text: str, paths: list[tuple[re.Pattern[str], str]], folder: Path) -> str:
+    """`text` with its tree's own paths replaced by their placeholders, and each relative path climbing
+    out (`../../x`, whose length depends on where the tree lies) by the absolute path it names from
+    `folder`, itself with the tree's paths replaced."""
+
+    def absolute(match: re.Match[str]) -> str:
+        return replaced(os.path.normpath(os.path.join(folder, match.group(0))), paths)
+
+    return replaced(UPWARD.sub(absolute, text), paths)
 
 
 def differences(a: Any, b: Any, where: str = "") -> Iterator[tuple[str, Any, Any]]:
@@ -197,11 +217,18 @@ class Comparison:
             text_a, text_b = bytes_a.decode("utf-8"), bytes_b.decode("utf-8")
         except UnicodeDecodeError:
             return Verdict("unexplained", first_byte_difference(bytes_a, bytes_b))
+        rewrite = (self._rewriter(0, rel), self._rewriter(1, rel))
         if name.endswith(".json"):
-            return self._json(text_a, text_b, keys_only=name == "timings.json")
+            return self._json(text_a, text_b, rewrite, keys_only=name == "timings.json")
         if name.endswith(".jsonl"):
-            return self._json_lines(text_a, text_b)
-        return self._text(text_a, text_b)
+            return self._json_lines(text_a, text_b, rewrite)
+        return self._text(text_a, text_b, rewrite)
+
+    def _rewriter(self, side: int, rel: str) -> Callable[[str], str]:
+        """What replaces the paths of one side's tree in a string of its file `rel`."""
+        # model cards name their base model from the folder holding theirs (`densekit.models.card.seen_from`)
+        folder = (self.roots[side] / rel).resolve().parent.parent
+        return lambda text: without_own_paths(text, self.paths[side], folder)
 
     def _record(self, bytes_a: bytes, bytes_b: bytes) -> Verdict:
         saved = [json.loads(data) for data in (bytes_a, bytes_b)]
@@ -229,18 +256,18 @@ class Comparison:
                 return Verdict("unexplained", f"training_curves.png differs, and so does {log}")
         return Verdict("benign", f"plot of a benign training log ({', '.join(logs)})")
 
-    def _json(self, text_a: str, text_b: str, keys_only: bool = False) -> Verdict:
+    def _json(self, text_a: str, text_b: str, rewrite: Rewrites, keys_only: bool = False) -> Verdict:
         try:
             value_a, value_b = json.loads(text_a), json.loads(text_b)
         except json.JSONDecodeError:
-            return self._text(text_a, text_b)
+            return self._text(text_a, text_b, rewrite)
         if keys_only and isinstance(value_a, dict) and isinstance(value_b, dict):
             if list(value_a) == list(value_b):
                 return Verdict("benign", "timings: the same keys")
             return Verdict(
                 "unexplained", f"timings of other steps: {short(list(value_a))} != {short(list(value_b))}"
             )
-        return self._values(normalised(value_a, self.paths[0]), normalised(value_b, self.paths[1]))
+        return self._values(normalised(value_a, rewrite[0]), normalised(value_b, rewrite[1]))
 
     def _values(self, value_a: Any, value_b: Any, where: str = "") -> Verdict:
         """The verdict on two normalised JSON values: benign when they differ only by explained digests."""
@@ -256,7 +283,7 @@ class Comparison:
             "benign", "JSON equal but for digests of benign files: " + ", ".join(sorted(set(explained)))
         )
 
-    def _json_lines(self, text_a: str, text_b: str) -> Verdict:
+    def _json_lines(self, text_a: str, text_b: str, rewrite: Rewrites) -> Verdict:
         lines_a, lines_b = text_a.splitlines(), text_b.splitlines()
         if len(lines_a) != len(lines_b):
             return Verdict("unexplained", f"{len(lines_a)} lines against {len(lines_b)}")
@@ -267,39 +294,68 @@ class Comparison:
             try:
                 value_a, value_b = json.loads(line_a), json.loads(line_b)
             except json.JSONDecodeError:
-                return self._text(text_a, text_b)
+                return self._text(text_a, text_b, rewrite)
             verdict = self._values(
-                normalised(value_a, self.paths[0]), normalised(value_b, self.paths[1]), f"line {number}"
+                normalised(value_a, rewrite[0]), normalised(value_b, rewrite[1]), f"line {number}"
             )
             if not verdict.fine:
                 return verdict
             reasons.add(verdict.why)
         return Verdict("benign", "; ".join(sorted(reasons)) or "JSON lines equal")
 
-    def _text(self, text_a: str, text_b: str) -> Verdict:
-        lines_a = replaced(text_a, self.paths[0]).splitlines()
-        lines_b = replaced(text_b, self.paths[1]).splitlines()
+    def _text(self, text_a: str, text_b: str, rewrite: Rewrites) -> Verdict:
+        lines_a, lines_b = rewrite[0](text_a).splitlines(), rewrite[1](text_b).splitlines()
         if lines_a == lines_b:
             return Verdict("benign", "text equal but for paths")
-        at = next(
-            (i for i, (x, y) in enumerate(zip(lines_a, lines_b, strict=False)) if x != y),
-            min(len(lines_a), len(lines_b)),
-        )
-        line_a = lines_a[at] if at < len(lines_a) else "(end)"
-        line_b = lines_b[at] if at < len(lines_b) else "(end)"
-        return Verdict("unexplained", f"line {at + 1}: {short(line_a)} != {short(line_b)}")
+        explained: set[str] = set()
+        for at in range(max(len(lines_a), len(lines_b))):
+            line_a = lines_a[at] if at < len(lines_a) else "(end)"
+            line_b = lines_b[at] if at < len(lines_b) else "(end)"
+            of = None if line_a != line_b and "(end)" in (line_a, line_b) else self._line(line_a, line_b)
+            if of is None:
+                return Verdict("unexplained", f"line {at + 1}: {short(line_a)} != {short(line_b)}")
+            explained |= of
+        named = ", ".join(sorted(explained))
+        return Verdict("benign", f"text equal but for paths and digests (and sizes) of benign files: {named}")
+
+    def _line(self, line_a: str, line_b: str) -> set[str] | None:
+        """What two lines differ by: nothing, or digests of benign files and folders (and, beside a
+        folder's digest, its size, which a path inside it changes); None when anything else."""
+        if line_a == line_b:
+            return set()
+        pieces_a, pieces_b = DIGESTS.split(line_a), DIGESTS.split(line_b)
+        if len(pieces_a) != len(pieces_b):
+            return None
+        explained = {self._explain_digests(x, y) for x, y in zip(pieces_a[1::2], pieces_b[1::2], strict=True)}
+        if None in explained:
+            return None
+        explained.discard(SAME)
+        texts_a, texts_b = pieces_a[::2], pieces_b[::2]
+        if explained and any(e.endswith("/") for e in explained):  # type: ignore[union-attr]
+            texts_a, texts_b = (
+                [SIZE.sub("<size>", t) for t in texts_a],
+                [SIZE.sub("<size>", t) for t in texts_b],
+            )
+        return explained if texts_a == texts_b else None  # type: ignore[return-value]
 
     def _explain_digests(self, x: Any, y: Any) -> str | None:
         """The file or folder whose digests `x` and `y` are on each side when it is identical or benign,
         else None."""
-        if not (isinstance(x, str) and isinstance(y, str) and DIGEST.fullmatch(x) and DIGEST.fullmatch(y)):
+        if not (isinstance(x, str) and isinstance(y, str) and DIGESTS.fullmatch(x) and DIGESTS.fullmatch(y)):
             return None
-        for rel, skip_manifest in sorted(
-            self._digest_index(0).get(x, set()) & self._digest_index(1).get(y, set())
-        ):
+        if x == y:
+            return SAME
+        for rel, skip_manifest in sorted(self._digested(0, x) & self._digested(1, y)):
             if self._covered_fine(rel, skip_manifest):
                 return rel
         return None
+
+    def _digested(self, side: int, digest: str) -> set[tuple[str, bool]]:
+        """What a digest, or the start of one (a model card shows them cut), is of in one side's tree."""
+        index = self._digest_index(side)
+        if DIGEST.fullmatch(digest):
+            return index.get(digest, set())
+        return {found for full, of in index.items() if full.startswith(digest) for found in of}
 
     def _covered_fine(self, rel: str, skip_manifest: bool) -> bool:
         """Whether the file `rel`, or every file the digest of the folder `rel` covers, is fine."""

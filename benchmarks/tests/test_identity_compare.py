@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -186,3 +187,38 @@ def test_run_records_must_agree_on_model_data_parts_and_steps(tmp_path: Path, mo
     b = write(tmp_path / "b", record(tmp_path / "b", model))
     expected = "benign" if model == "/work/model-a" else "unexplained"
     assert verdicts(a, b) == {"_identity_run.json": expected}
+
+
+def test_cards_naming_paths_relatively_and_cut_digests_of_benign_folders_are_benign(tmp_path: Path):
+    """Trees at other depths: a card names the base model outside the tree by a relative path from the
+    folder holding its own, and an input folder by its path, its digest cut short and its size."""
+    a, b = tmp_path / "a", tmp_path / "deeper" / "b"
+    base = tmp_path / "base-model"
+
+    def card(root: Path, cut: int = 28, size: str | None = None) -> str:
+        digest = digest_of(tree_checksums(root / "run/module", skip={MANIFEST}))
+        seen = Path(os.path.relpath(base, root / "run")).as_posix()
+        size = size or f"{(root / 'run/module/card.md').stat().st_size / 1024:.2f} KiB"
+        return (
+            f"| base model | {seen} |\n| input | {root}/run/module | {digest[:cut]}... | 1 files, {size} |\n"
+        )
+
+    for root in (a, b):
+        write(
+            root, {"run/module/card.md": f"trained from {root}/run/examples.jsonl\n", "run/.keep.json": "{}"}
+        )
+        write(root, {"run/model/README.md": card(root), "run/.steps/x.json": json.dumps({str(root): 1})})
+    assert (
+        Path(os.path.relpath(base, a / "run")).as_posix() != Path(os.path.relpath(base, b / "run")).as_posix()
+    )
+    assert set(verdicts(a, b).values()) == {"benign", "identical"}
+    write(b, {"run/model/README.md": card(b, size="9.99 KiB").replace("| base", "| the base")})
+    assert verdicts(a, b)["run/model/README.md"] == "unexplained"  # not only sizes differ
+    write(
+        b,
+        {"run/model/README.md": card(b).replace(str(tmp_path / "base-model"), "x").replace("../", "../../")},
+    )
+    assert verdicts(a, b)["run/model/README.md"] == "unexplained"  # another base model
+    write(b, {"run/module/card.md": "trained from elsewhere\n"})
+    write(b, {"run/model/README.md": card(b)})
+    assert verdicts(a, b)["run/model/README.md"] == "unexplained"  # a folder that really changed
