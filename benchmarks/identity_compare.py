@@ -15,7 +15,9 @@ Each file is one of:
     model cards show them) and, beside a folder's digest, that folder's size;
   - paths are the trees' own (root, checkout) and relative paths climbing out of the tree (a model
     card names its base model from the folder holding its own), which change with where a tree lies;
-  - safetensors holding the same tensors (name, dtype, shape, bytes) and metadata in another order;
+  - safetensors holding the same tensors (name, dtype, shape, bytes) and metadata in another order
+    (safetensors.torch.save_model lists a tied model's shared names in its metadata in an order that
+    changes from run to run);
   - `training_curves.png` beside a training log (`*.jsonl`) that is identical or benign;
   - the run record (`_identity_run.json`) when the model, data, parts and steps agree;
 - unexplained: anything else, printed with its first difference;
@@ -244,7 +246,9 @@ class Comparison:
         for name in sorted(set(tensors_a) | set(tensors_b)):
             if tensors_a.get(name) != tensors_b.get(name):
                 return Verdict("unexplained", f"tensor {name} differs")
-        return Verdict("benign", "the same tensors in another order")
+        if list(tensors_a) != list(tensors_b):
+            return Verdict("benign", "the same tensors and metadata, the tensors in another order")
+        return Verdict("benign", "the same tensors and metadata, the metadata in another order")
 
     def _curves(self, rel: str) -> Verdict:
         folder = rel.rpartition("/")[0]
