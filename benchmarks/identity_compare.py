@@ -19,7 +19,7 @@ Each file is one of:
     (safetensors.torch.save_model lists a tied model's shared names in its metadata in an order that
     changes from run to run);
   - `training_curves.png` beside a training log (`*.jsonl`) that is identical or benign;
-  - the run record (`_identity_run.json`) when the model, data, parts and steps agree;
+  - the run record (`_identity_run.json`) when the model, data, parts, steps and depth agree;
 - unexplained: anything else, printed with its first difference;
 - missing: on one side only.
 
@@ -49,7 +49,7 @@ MANIFEST = "densekit-artefact.json"
 STATUSES = ("identical", "benign", "unexplained", "missing")
 VOLATILE_KEYS = {"created", "seconds", "timings", "stages", "elapsed", "wall_clock", "wall-clock"}
 VOLATILE_SUFFIXES = ("_s", "_seconds", "_per_second")
-RECORD_KEYS = ("model", "data", "parts", "max_steps")
+RECORD_KEYS = ("model", "data", "parts", "max_steps", "benchmark_k")
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 DIGESTS = re.compile(r"(sha256:[0-9a-f]{12,64})")
 SIZE = re.compile(r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)\b")
@@ -237,7 +237,7 @@ class Comparison:
         differ = [key for key in RECORD_KEYS if saved[0].get(key) != saved[1].get(key)]
         if differ:
             return Verdict("unexplained", f"the runs differ in {', '.join(differ)}")
-        return Verdict("benign", "run record: the same model, data, parts and steps")
+        return Verdict("benign", "run record: the same model, data, parts, steps and depth")
 
     def _safetensors(self, bytes_a: bytes, bytes_b: bytes) -> Verdict:
         (meta_a, tensors_a), (meta_b, tensors_b) = safetensors_content(bytes_a), safetensors_content(bytes_b)

@@ -9,7 +9,8 @@ Parts (`--parts`, all by default), each under `OUT/<part>/`:
 - `quickstart`: `densekit quickstart` on Cranfield, its model swapped for the tiny one;
 - `two-round`: `recipes/scifact-two-round.yaml`, copied into OUT, with the tiny model and every train
   step stopped after `--max-steps` steps (`steps.<name>.config.optim.max_steps`);
-- `multi-domain`: `recipes/multi-domain.yaml` the same way.
+- `multi-domain`: `recipes/multi-domain.yaml` the same way (`--benchmark-k K`: its ten benchmark steps'
+  runs K deep, not 1,000; reading and writing those runs is most of this part's time).
 
 Every command goes through densekit's own command line (its typer app, called in this process with
 the arguments `densekit` would get), so torch is imported once; torch, faiss and the tokenizers run on
@@ -180,9 +181,11 @@ def run_quickstart(densekit: Callable[..., None], clock: Clock, data: Path, mode
         quickstart.run_quickstart = original
 
 
-def recipe_overrides(recipe: Path, data: Path, model: Path, max_steps: int) -> list[str]:
+def recipe_overrides(
+    recipe: Path, data: Path, model: Path, max_steps: int, benchmark_k: int | None = None
+) -> list[str]:
     """The overrides running `recipe` on the tiny model, its data read from `data`, every train step
-    stopped after `max_steps` steps."""
+    stopped after `max_steps` steps, every benchmark step's runs `benchmark_k` deep when given."""
     import yaml
 
     tree = yaml.safe_load(recipe.read_text(encoding="utf-8"))
@@ -193,6 +196,8 @@ def recipe_overrides(recipe: Path, data: Path, model: Path, max_steps: int) -> l
     for name, step in tree["steps"].items():
         if step.get("type") == "train":
             overrides.append(f"steps.{name}.config.optim.max_steps={max_steps}")
+        if step.get("type") == "benchmark" and benchmark_k is not None:
+            overrides.append(f"steps.{name}.k={benchmark_k}")
     return overrides
 
 
@@ -204,12 +209,13 @@ def run_recipe(
     model: Path,
     out: Path,
     max_steps: int,
+    benchmark_k: int | None,
 ) -> None:
     """The recipe `source`, copied into `out`, run into `out/run` with `recipe_overrides`."""
     out.mkdir(parents=True)
     recipe = out / source.name
     recipe.write_bytes(source.read_bytes())
-    overrides = recipe_overrides(recipe, data, model, max_steps)
+    overrides = recipe_overrides(recipe, data, model, max_steps, benchmark_k)
     clock.say(f"{out.name}: densekit run {recipe.name} " + " ".join(overrides))
     run = ("run", recipe, "--out", out / "run", "--device", "cpu", "--no-progress", *overrides)
     clock.step(f"{out.name}/run", lambda: densekit(*run))
@@ -235,6 +241,12 @@ def main(argv: list[str] | None = None) -> None:
     model.add_argument("--model", type=Path, help="a tiny BERT --make-model wrote")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--max-steps", type=int, default=3, help="steps of each recipe's train steps")
+    parser.add_argument(
+        "--benchmark-k",
+        type=int,
+        help="depth of the multi-domain recipe's benchmark runs (default: the recipe's, 1,000); reading and "
+        "writing those runs is most of that part's time",
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared collections")
     args = parser.parse_args(argv)
     fix_environment()
@@ -260,7 +272,9 @@ def main(argv: list[str] | None = None) -> None:
                 run_quickstart(densekit, clock, data, target, out / part)
             else:
                 source = src / "recipes" / RECIPES[part]
-                run_recipe(densekit, clock, source, data, target, out / part, args.max_steps)
+                run_recipe(
+                    densekit, clock, source, data, target, out / part, args.max_steps, args.benchmark_k
+                )
         except Exception:  # one part's failure is reported, the others still run
             traceback.print_exc()
             clock.say(f"{part}: FAILED")
@@ -273,6 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         "data": str(data),
         "parts": args.parts,
         "max_steps": args.max_steps,
+        "benchmark_k": args.benchmark_k,
         "failed": failed,
         "timings": clock.steps,
     }
