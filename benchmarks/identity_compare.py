@@ -169,6 +169,8 @@ class Comparison:
             {p.relative_to(root).as_posix() for root in self.roots for p in root.rglob("*") if p.is_file()}
         )
         self.paths = (self._paths(self.roots[0]), self._paths(self.roots[1]))
+        # where each tree was written (its run record's `out`): relative paths out of it are read from there
+        self.homes = (self._home(self.roots[0]), self._home(self.roots[1]))
         self._verdicts: dict[str, Verdict] = {}
         self._busy: set[str] = set()
         self._digests: list[dict[str, set[tuple[str, bool]]] | None] = [None, None]
@@ -186,6 +188,14 @@ class Comparison:
         named.pop("", None)
         ordered = sorted(named.items(), key=lambda item: -len(item[0]))
         return [(re.compile(re.escape(path) + r"(?![\w.-])"), placeholder) for path, placeholder in ordered]
+
+    @staticmethod
+    def _home(root: Path) -> Path:
+        """Where the tree at `root` was written: its run record's `out`, else `root` itself."""
+        record = root / RECORD
+        if record.is_file():
+            return Path(json.loads(record.read_text(encoding="utf-8")).get("out") or root.resolve())
+        return root.resolve()
 
     def classify(self, rel: str) -> Verdict:
         """The verdict on the file `rel` (a path relative to both roots)."""
@@ -229,7 +239,7 @@ class Comparison:
     def _rewriter(self, side: int, rel: str) -> Callable[[str], str]:
         """What replaces the paths of one side's tree in a string of its file `rel`."""
         # model cards name their base model from the folder holding theirs (`densekit.models.card.seen_from`)
-        folder = (self.roots[side] / rel).resolve().parent.parent
+        folder = (self.homes[side] / rel).parent.parent
         return lambda text: without_own_paths(text, self.paths[side], folder)
 
     def _record(self, bytes_a: bytes, bytes_b: bytes) -> Verdict:
