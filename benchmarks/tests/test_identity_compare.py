@@ -228,3 +228,22 @@ def test_cards_naming_paths_relatively_and_cut_digests_of_benign_folders_are_ben
     write(b, {"run/module/card.md": "trained from elsewhere\n"})
     write(b, {"run/model/README.md": card(b)})
     assert verdicts(a, b)["run/model/README.md"] == "unexplained"  # a folder that really changed
+
+
+def test_a_moved_tree_reads_its_relative_paths_from_where_it_was_written(tmp_path: Path):
+    base = tmp_path / "base-model"
+
+    def tree(root: Path) -> Path:
+        record = {"out": str(root), "model": str(base), "data": "/d", "parts": ["two-round"], "max_steps": 3}
+        seen = Path(os.path.relpath(base, root / "run")).as_posix()
+        return write(
+            root, {"_identity_run.json": json.dumps(record), "run/model/README.md": f"| base | {seen} |\n"}
+        )
+
+    a, b = tree(tmp_path / "a"), tree(tmp_path / "x" / "b")  # b's card climbs one folder more
+    moved = tmp_path / "y" / "z" / "w" / "b"
+    moved.parent.mkdir(parents=True)
+    b.rename(moved)
+    assert verdicts(a, moved)["run/model/README.md"] == "benign"
+    write(moved, {"run/model/README.md": "| base | ../../x/base-model |\n"})
+    assert verdicts(a, moved)["run/model/README.md"] == "unexplained"
