@@ -32,6 +32,7 @@ from densekit.models.checkpoint_files import (
 )
 from densekit.models.fingerprint import weights_fingerprint
 from densekit.models.hub import resolve_model_path
+from densekit.models.padding import pass_cost
 
 log = logging.getLogger("densekit")
 
@@ -128,7 +129,7 @@ class CrossEncoder(torch.nn.Module):
                 advance(len(rows))
 
         lengths = [len(e["input_ids"]) for e in encoded]
-        infer_in_batches(self, lengths, batch_size, self.device, precision, step)
+        infer_in_batches(self, lengths, batch_size, self.device, precision, step, pass_cost(self.device))
         return scores
 
     def fingerprint(self) -> str:
