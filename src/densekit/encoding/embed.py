@@ -10,9 +10,9 @@ import torch
 from densekit.device import Precision
 from densekit.errors import InputError, StateError
 from densekit.inference import infer_in_batches
+from densekit.models import padding
 from densekit.models.config import TextKind
 from densekit.models.encoder import OWN, DenseEncoder, ModuleChoice
-from densekit.models.padding import pass_cost
 
 # (input_ids, attention_mask, the batch's rows among the texts) -> vectors
 BatchEncoder = Callable[[torch.Tensor, torch.Tensor, np.ndarray], torch.Tensor]
@@ -89,9 +89,8 @@ def embed_tokens(
         runtime is not None or encode is not None or not encoder.computes_only_tokens(kind, name)
     )
     lengths = [len(ids) for ids in token_ids]
-    infer_in_batches(
-        encoder, lengths, batch_size, device, precision, step, pass_cost(device, computes_padding)
-    )
+    cost = padding.pass_cost(device, computes_padding)
+    infer_in_batches(encoder, lengths, batch_size, device, precision, step, cost)
     return output
 
 
