@@ -36,10 +36,11 @@ from benchmarks import rounds_parser
 from benchmarks.machine import machine_info
 from densekit.data.dataset import Dataset
 from densekit.encoding.embed import embed_texts
-from densekit.inference import CPU_PASS_TOKENS, length_batches
+from densekit.inference import length_batches
 from densekit.io.atomic import write_text_atomic
 from densekit.models import DenseEncoder
 from densekit.models.hub import resolve_model_path
+from densekit.models.padding import CPU_PASS_TOKENS
 from densekit.models.pooling import pool
 
 

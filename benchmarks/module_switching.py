@@ -1,7 +1,9 @@
-"""Switching modules on one loaded base: densekit's `activate` against peft's `set_adapter`, same run.
+"""Switching modules on one loaded base: densekit's choice of a module per call against peft's
+`set_adapter`, same run.
 
-One all-MiniLM-L6-v2 base carries several LoRA modules. densekit switches by choosing another tower
-(`encoder.activate(name)`); peft's own way is one PeftModel holding the same adapters and
+One all-MiniLM-L6-v2 base carries several LoRA modules. densekit takes the module as an argument of each
+call and looks its tower up (`encoder.chosen(name)`, what `module=` costs; the result keeps its earlier
+key, `densekit_activate_s`); peft's own way is one PeftModel holding the same adapters and
 `set_adapter(name)`. Both are timed over many switches, beside the time to encode one batch of
 passages (batch size 32, 256 tokens) with a module, which a switch should cost well under 1% of.
 Run from the repository root:
@@ -49,9 +51,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--switches", type=int, default=2000)
     parser.add_argument("--note", default="", help="conditions of the run worth recording")
-    parser.add_argument(
-        "--output", type=Path, default=WORK / "module_switching.json"
-    )
+    parser.add_argument("--output", type=Path, default=WORK / "module_switching.json")
     args = parser.parse_args()
 
     path = resolve_model_path(args.model)
@@ -74,11 +74,12 @@ def main() -> None:
     for name in names[1:]:
         peer.add_adapter(name, peft.LoraConfig(r=16))
 
-    ours = seconds_per_call(lambda i: encoder.activate(names[i % len(names)]), args.switches)
+    ours = seconds_per_call(lambda i: encoder.chosen(names[i % len(names)]), args.switches)
     theirs = seconds_per_call(lambda i: peer.set_adapter(names[i % len(names)]), args.switches)
-    encoder.activate(names[0])
-    embed_texts(encoder, texts, "passage", args.batch_size)  # warm-up
-    batch = seconds_per_call(lambda i: embed_texts(encoder, texts, "passage", args.batch_size), 1)
+    embed_texts(encoder, texts, "passage", args.batch_size, module=names[0])  # warm-up
+    batch = seconds_per_call(
+        lambda i: embed_texts(encoder, texts, "passage", args.batch_size, module=names[0]), 1
+    )
     result = {
         "command": "python -m benchmarks.module_switching "
         + " ".join(

@@ -139,7 +139,7 @@ def densekit_encoder(backend: str, precision: str, max_length: int, model: str =
 def densekit_runner(name: str, texts: list[str], args: argparse.Namespace) -> Callable[[], np.ndarray]:
     """Encode `texts` by densekit's path `name`; packing is switched off for the call where it says so."""
     from densekit.encoding.embed import embed_texts
-    from densekit.models import encoder as encoder_module
+    from densekit.models import padding
 
     backend, precision, packing = PATHS[name]
     encoder, autocast = densekit_encoder(backend, precision, args.max_length, args.model)
@@ -147,12 +147,12 @@ def densekit_runner(name: str, texts: list[str], args: argparse.Namespace) -> Ca
     def run() -> np.ndarray:
         if packing:
             return embed_texts(encoder, texts, "passage", args.batch_size, autocast)
-        saved = encoder_module.worth_packing
-        encoder_module.worth_packing = lambda mask: False  # the padded forward, for comparison only
+        saved = padding.worth_packing
+        padding.worth_packing = lambda mask: False  # the padded forward, for comparison only
         try:
             return embed_texts(encoder, texts, "passage", args.batch_size, autocast)
         finally:
-            encoder_module.worth_packing = saved
+            padding.worth_packing = saved
 
     return run
 

@@ -171,18 +171,15 @@ def test_a_served_module_is_an_embeddings_model_of_its_own(served, tmp_path: Pat
     encode_corpus(encoder, Dataset.open(data), tmp_path / "emb", show_progress=False)
     build_index(EmbeddingStore.open(tmp_path / "emb"), IndexSpec(), tmp_path / "index", show_progress=False)
     module_retriever = Retriever.over(encoder, tmp_path / "index", data)
-    encoder.activate(None)
-    base_retriever = Retriever.over(encoder, index, data)
+    base_retriever = Retriever.over(encoder, index, data, module=None)
     texts = [d["text"] for d in CORPUS[:3]]
     with TestClient(create_app([base_retriever, module_retriever], TOKEN, model_name="base")) as http:
         by_module = http.post("/v1/embeddings", json={"input": texts, "model": "extra:passage"}, headers=AUTH)
         by_base = http.post("/v1/embeddings", json={"input": texts, "model": "base"}, headers=AUTH)
     module_vectors = np.array([item["embedding"] for item in by_module.json()["data"]])
     base_vectors = np.array([item["embedding"] for item in by_base.json()["data"]])
-    encoder.activate("extra")
-    np.testing.assert_allclose(module_vectors, embed_texts(encoder, texts, "passage"), atol=1e-5)
-    encoder.activate(None)
-    np.testing.assert_allclose(base_vectors, embed_texts(encoder, texts, "passage"), atol=1e-5)
+    for vectors, module in ((module_vectors, "extra"), (base_vectors, None)):
+        np.testing.assert_allclose(vectors, embed_texts(encoder, texts, "passage", module=module), atol=1e-5)
     assert np.abs(module_vectors - base_vectors).max() > 1e-3
 
 

@@ -178,7 +178,7 @@ def test_a_routing_strategy_is_one_new_file(tiny_model: Path, beir_dir: Path, tm
     for seed, name in enumerate("ab"):
         put_module(encoder, "query-lora", name, seed=seed)
         encoder.save(tmp_path / name)
-    encoder.activate(None)
+    encoder.own = None
     index = base_index(encoder, beir_dir, tmp_path)
     make_route = (
         "from densekit.routing.route import Route, load_modules\n"

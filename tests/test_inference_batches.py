@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from densekit.inference import infer_in_batches, length_batches
+from densekit.models.padding import pass_cost
 
 
 def _cost(bounds: list[tuple[int, int]], lengths: np.ndarray, per_pass: int) -> int:
@@ -53,7 +54,8 @@ def test_where_cutting_gains_nothing_the_batches_are_those_of_the_batch_size():
 def test_a_long_text_among_short_ones_gets_a_batch_of_its_own_on_a_cpu():
     lengths = [5] * 20 + [300] + [6] * 11
     seen: list[np.ndarray] = []
-    infer_in_batches(torch.nn.Linear(1, 1), lengths, 32, torch.device("cpu"), "float32", seen.append)
+    cpu = torch.device("cpu")
+    infer_in_batches(torch.nn.Linear(1, 1), lengths, 32, cpu, "float32", seen.append, pass_cost(cpu))
     assert [len(rows) for rows in seen] == [1, 31]
     assert sorted(np.concatenate(seen).tolist()) == list(range(32))
     assert seen[0].tolist() == [20]

@@ -282,7 +282,7 @@ def test_a_lora_module_run_with_matryoshka_saves_its_widths_and_loads_cut(
     settings = json.loads((module / "densekit-module.json").read_text())["settings"]
     assert settings["matryoshka_dims"] == [32, 16, 8]
     full = DenseEncoder.load(module)
-    assert full.active == "module" and full.config.matryoshka_dims == [32, 16, 8]
+    assert full.own == "module" and full.config.matryoshka_dims == [32, 16, 8]
     cut = DenseEncoder.load(module, dimensions=8)
     queries = embed_texts(full, TEXTS, "query")[:, :8]
     assert np.allclose(embed_texts(cut, TEXTS, "query"), queries / np.linalg.norm(queries, axis=1)[:, None],

@@ -136,7 +136,7 @@ def test_module_and_route_folders_get_cards_whose_snippets_load_them(tiny_model:
     code = snippets(body)
     assert set(code) == {"densekit", "PEFT (query tower)"}
     loaded = run_snippet(code["densekit"], tmp_path)["encoder"]
-    encoder.activate("a")
+    encoder.own = "a"
     assert np.allclose(embed_texts(loaded, TEXTS, "query"), embed_texts(encoder, TEXTS, "query"), atol=1e-6)
     peft_model = run_snippet(code["PEFT (query tower)"], tmp_path)["model"].eval()
     batch = encoder.pad(encoder.tokenize(TEXTS, "query"))
@@ -145,7 +145,7 @@ def test_module_and_route_folders_get_cards_whose_snippets_load_them(tiny_model:
         ours = encoder.module.query_tower(batch["input_ids"], batch["attention_mask"])
     assert torch.allclose(theirs, ours, atol=1e-6)
 
-    encoder.activate(None)
+    encoder.own = None
     route = Route(encoder, RouteSpec(type="fusion", modules=["a", "b"]))
     route.save(tmp_path / "route", {"a": tmp_path / "a", "b": tmp_path / "b"})
     header, body = card_of(tmp_path / "route")

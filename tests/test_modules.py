@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 
 from densekit.encoding.embed import embed_texts
 from densekit.models import DenseEncoder
+from densekit.models.encoder import OWN, ModuleChoice
 from densekit.models.merge import merged_encoder
 from densekit.models.modules.kind import MODULE_KINDS, ModuleKind
 from densekit.models.modules.kinds.sparse_diff import choose_sparse_indices, sparse_targets
@@ -72,13 +73,13 @@ def spec_of(kind: str, name: str | None = None):
     return SPEC.validate_python({**CASES[kind], "name": name or kind})
 
 
-def embeddings(encoder: DenseEncoder, kind: str = "passage") -> np.ndarray:
-    return embed_texts(encoder, TEXTS, kind, batch_size=2)
+def embeddings(encoder: DenseEncoder, kind: str = "passage", module: ModuleChoice = OWN) -> np.ndarray:
+    return embed_texts(encoder, TEXTS, kind, batch_size=2, module=module)
 
 
 def put_module(encoder: DenseEncoder, kind: str, name: str | None = None, seed: int = 0):
-    """A module of `kind` on `encoder` (its random start drawn from `seed`), its parameters moved away
-    from their start."""
+    """A module of `kind` on `encoder` as its own (its random start drawn from `seed`), its parameters
+    moved away from their start."""
     torch.manual_seed(seed)
     spec = spec_of(kind, name)
     indices = None
@@ -90,6 +91,7 @@ def put_module(encoder: DenseEncoder, kind: str, name: str | None = None, seed: 
         }
         indices = {"query": choose_sparse_indices(scores, spec.density)}
     module = encoder.new_module(spec, indices)
+    encoder.own = module.name
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for tower in module.towers().values():
@@ -111,18 +113,10 @@ def test_a_module_with_zero_output_gives_exactly_the_bases_embeddings(encoder: D
     if kind_of_case(kind).positions_from_gradients:
         targets = sparse_targets(encoder.query_backbone, spec)
         indices = {"query": choose_sparse_indices({n: w.abs() for n, w in targets.items()}, spec.density)}
-    encoder.new_module(spec, indices)
-    assert np.array_equal(embeddings(encoder), base)
-    assert np.array_equal(embeddings(encoder, "query"), embeddings_without_module(encoder, "query"))
-
-
-def embeddings_without_module(encoder: DenseEncoder, kind: str) -> np.ndarray:
-    active = encoder.active
-    encoder.activate(None)
-    try:
-        return embeddings(encoder, kind)
-    finally:
-        encoder.activate(active)
+    name = encoder.new_module(spec, indices).name
+    assert np.array_equal(embeddings(encoder, module=name), base)
+    base_queries = embeddings(encoder, "query", module=None)
+    assert np.array_equal(embeddings(encoder, "query", module=name), base_queries)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -138,7 +132,7 @@ def test_save_then_load_gives_the_same_embeddings_and_the_base_stays_bit_identic
     assert np.abs(live - base).max() > 1e-3  # the module changes the embeddings
     encoder.save(tmp_path / "module")
     loaded = DenseEncoder.load(tmp_path / "module").eval()
-    assert loaded.active == kind
+    assert loaded.own == kind
     assert loaded.module.fingerprint() == encoder.module.fingerprint()
     assert np.array_equal(embeddings(loaded), live)
     assert np.array_equal(embeddings(loaded, "query"), embeddings(encoder, "query"))
@@ -149,8 +143,7 @@ def test_save_then_load_gives_the_same_embeddings_and_the_base_stays_bit_identic
         assert {t.dtype for name, t in saved.items() if name.endswith("indices")} == {torch.int32}
     state = encoder.query_backbone.state_dict()
     assert all(torch.equal(state[k], base_state[k]) for k in base_state)
-    encoder.activate(None)
-    assert np.array_equal(embeddings(encoder), base)
+    assert np.array_equal(embeddings(encoder, module=None), base)
 
 
 @pytest.mark.parametrize("kind", list(QUERY_ONLY))
@@ -169,26 +162,27 @@ def test_a_query_only_module_leaves_passages_to_the_base_and_saves_only_its_quer
     assert np.array_equal(embeddings(loaded, "query"), live_queries)
     assert np.array_equal(embeddings(loaded), base_passages)
     if kind == "query-lora":
-        merged = merged_encoder(encoder).eval()
+        merged = merged_encoder(encoder, OWN).eval()
         assert np.abs(embeddings(merged, "query") - live_queries).max() < 1e-5
         assert np.abs(embeddings(merged) - base_passages).max() < 1e-5
 
 
-def test_one_base_holds_several_modules_and_switches_between_them(encoder: DenseEncoder, tmp_path: Path):
+def test_one_base_holds_several_modules_and_encodes_with_the_one_each_call_names(
+    encoder: DenseEncoder, tmp_path: Path
+):
     base = embeddings(encoder)
     put_module(encoder, "lora", "first", seed=1)
     encoder.save(tmp_path / "first")
     put_module(encoder, "adapter", "second", seed=2)
     encoder.save(tmp_path / "second")
-    assert list(encoder.attached) == ["first", "second"] and encoder.active == "second"
+    assert list(encoder.attached) == ["first", "second"] and encoder.own == "second"
     for name in ["first", "second", "first"]:
-        encoder.activate(name)
         alone = DenseEncoder.load(tmp_path / name).eval()
-        assert np.array_equal(embeddings(encoder), embeddings(alone))
-    encoder.activate(None)
-    assert np.array_equal(embeddings(encoder), base)
+        assert np.array_equal(embeddings(encoder, module=name), embeddings(alone))
+    assert np.array_equal(embeddings(encoder, module=None), base)
+    assert encoder.own == "second"  # naming a module for a call leaves the encoder's own as it was
     with pytest.raises(KeyError, match="holds: first, second"):
-        encoder.activate("third")
+        embeddings(encoder, module="third")
 
 
 def test_a_module_on_another_base_is_refused(encoder: DenseEncoder, tmp_path: Path):
@@ -221,7 +215,7 @@ def test_a_module_whose_files_changed_is_refused(encoder: DenseEncoder, tmp_path
 def test_merged_modules_equal_the_unmerged_module(encoder: DenseEncoder, kind: str):
     put_module(encoder, kind)
     live = embeddings(encoder)
-    merged = merged_encoder(encoder)
+    merged = merged_encoder(encoder, OWN)
     assert np.abs(embeddings(merged.eval()) - live).max() < 1e-5
     assert np.abs(embeddings(merged, "query") - embeddings(encoder, "query")).max() < 1e-5
 
@@ -231,7 +225,7 @@ def test_a_module_that_does_not_fold_is_refused_naming_the_kinds_that_do(encoder
     put_module(encoder, kind)
     folding = ", ".join(name for name, other in MODULE_KINDS.items() if other.mergeable)
     with pytest.raises(ValueError, match=rf"is {kind}; only {folding} fold into the weights"):
-        merged_encoder(encoder)
+        merged_encoder(encoder, OWN)
 
 
 def test_a_merged_lora_folder_loads_in_sentence_transformers_with_the_modules_embeddings(
@@ -282,7 +276,7 @@ def test_training_changes_only_the_module(collection, tiny_model: Path, tmp_path
     assert any(re.search(r"trainable [\d,]+ parameters, \d+\.\d\d% of the frozen base's [\d,]+", r.message)
                for r in caplog.records)  # fmt: skip
     trained = DenseEncoder.load(tmp_path / "run" / "model").eval()
-    assert trained.active == "module"
+    assert trained.own == "module"
     base = DenseEncoder.load(tiny_model, pooling="mean").eval()
     assert trained.base_fingerprint() == base.base_fingerprint()  # the base did not move
     assert np.abs(embeddings(trained) - embeddings(base)).max() > 1e-4  # the module did
@@ -416,13 +410,12 @@ def test_an_index_made_with_a_module_is_searched_only_with_that_module(
     index = SearchIndex.load(tmp_path / "index")
     queries = Dataset.open(beir_dir).split_queries("test")[0]
     retriever = Retriever(encoder, index)
-    assert retriever.search_run(queries, 3)
-    encoder.activate("second")
+    ranked = retriever.search_run(queries, 3)
+    assert ranked
     refusal = "built with module 'first', and this encoder encodes passages with module 'second'"
     with pytest.raises(ValueError, match=refusal):
-        Retriever(encoder, index)
-    with pytest.raises(RuntimeError, match="module 'second' is active; this retriever was made with 'first'"):
-        retriever.search_run(queries, 3)
+        Retriever(encoder, index, module="second")
+    assert retriever.search_run(queries, 3) == ranked  # its module is its own, whatever others ask for
 
     def search(output: str, *module: str) -> subprocess.CompletedProcess:
         command = [

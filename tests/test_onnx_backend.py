@@ -82,22 +82,19 @@ def test_an_export_that_disagrees_with_pytorch_is_refused(prefixed: DenseEncoder
         exported.check_against(other)
 
 
-def test_the_active_module_is_exported_and_must_stay_active(tmp_path: Path):
+def test_the_module_named_is_exported_and_must_be_the_one_encoded_with(tmp_path: Path):
     encoder = DenseEncoder.load(tiny_bert(tmp_path / "model", seed=5)).eval()
     encoder.new_module(LoraSpec(name="domain", rank=4, alpha=8, dropout=0.0))
     with torch.no_grad():
         for name, parameter in encoder.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0, 0.5)  # a trained module: its output is not zero
-    with_module = embed_texts(encoder, TEXTS, "query")
-    encoder.activate(None)
+    with_module = embed_texts(encoder, TEXTS, "query", module="domain")
     base = embed_texts(encoder, TEXTS, "query")
     assert not np.allclose(with_module, base, atol=1e-3)
-    encoder.activate("domain")
-    use_backend(encoder, "onnx", "float32", ["query"])
-    np.testing.assert_allclose(embed_texts(encoder, TEXTS, "query"), with_module, atol=1e-5)
-    encoder.activate(None)
-    with pytest.raises(RuntimeError, match="made with module 'domain' active, not None"):
+    use_backend(encoder, "onnx", "float32", ["query"], module="domain")
+    np.testing.assert_allclose(embed_texts(encoder, TEXTS, "query", module="domain"), with_module, atol=1e-5)
+    with pytest.raises(RuntimeError, match="made with module 'domain', not None"):
         embed_texts(encoder, TEXTS, "query")
 
 

@@ -80,9 +80,8 @@ def test_only_a_plain_bert_encoder_is_packed(tiny_model: Path):
                                           is_decoder=True)))  # fmt: skip
     with_module = DenseEncoder.load(tiny_model)
     with_module.new_module(LoraSpec(name="probe", rank=2, alpha=4, dropout=0.0))
-    assert not with_module.computes_only_tokens("query")
-    with_module.activate(None)
-    assert with_module.computes_only_tokens("query")
+    assert not with_module.computes_only_tokens("query", "probe")
+    assert with_module.computes_only_tokens("query")  # the encoder's own: the base alone
 
 
 def test_a_batch_without_padding_runs_transformers_own_pass(encoder: DenseEncoder):

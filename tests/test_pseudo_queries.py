@@ -228,7 +228,7 @@ def test_corpus_modules_and_a_route_trained_on_their_pseudo_queries_load_and_sea
     assert all(0 <= row["first"] <= 1 for row in rows.values())
     assert metrics["nDCG@10"] == pytest.approx(rows["round 2"]["first"])
     module = DenseEncoder.load(first / "round2" / "model")
-    assert module.active == "first" and module.passage_module is None  # passages stay the base's
+    assert module.own == "first" and module.passage_module() is None  # passages stay the base's
 
     # a second collection's pseudo-queries, and a query-only module for it, route with the first's
     write_training_collection(tmp_path / "second")

@@ -31,7 +31,7 @@ def encoder(tiny_model: Path) -> DenseEncoder:
     encoder = DenseEncoder.load(tiny_model, pooling="mean", normalize=True).eval()
     for seed, name in enumerate("abc"):
         put_module(encoder, "query-lora", name, seed=seed)
-    encoder.activate(None)
+    encoder.own = None
     return encoder
 
 
@@ -62,7 +62,7 @@ def test_fixed_routing_equals_each_querys_named_module(encoder: DenseEncoder):
     }
     for row, domain in enumerate(domains):
         assert torch.allclose(vectors[row], expected[domain][row], atol=1e-6)  # a batch of other rows
-    assert encoder.active is None  # routing did not change the active module
+    assert encoder.own is None  # routing did not change the encoder's own module
     strict = spec.model_copy(update={"fallback": None})
     with pytest.raises(KeyError, match="domain 'unknown' has no module"):
         fixed_weights(strict, domains)
@@ -130,7 +130,7 @@ def test_fusion_over_copies_of_a_module_is_that_module_and_uniform_attention_is_
     encoder: DenseEncoder,
 ):
     put_module(encoder, "query-lora", "a-copy", seed=0)  # the same as module a
-    encoder.activate(None)
+    encoder.own = None
     torch.manual_seed(0)
     copies = Route(encoder, RouteSpec(type="fusion", modules=["a", "a-copy"]))
     inputs = query_inputs(encoder)
@@ -160,11 +160,11 @@ def test_the_load_balancing_loss_is_one_when_balanced_and_grows_with_collapse():
 
 def test_averaging_two_copies_of_a_module_equals_that_module(encoder: DenseEncoder, tmp_path: Path):
     put_module(encoder, "query-lora", "copy", seed=0)  # the same start and changes as module a
-    encoder.activate(None)
+    encoder.own = None
     averaged = average_modules(encoder, ["a", "copy"], [0.3, 0.7], "averaged")
-    assert averaged.spec.rank == 8 and encoder.active is None
+    assert averaged.spec.rank == 8 and encoder.own is None
     assert torch.allclose(by_module(encoder, "averaged"), by_module(encoder, "a"), atol=1e-6)
-    encoder.activate("averaged")  # it saves and loads like any module
+    encoder.own = "averaged"  # it saves and loads like any module
     encoder.save(tmp_path / "averaged")
     loaded = DenseEncoder.load(tmp_path / "averaged").eval()
     assert np.array_equal(embeddings(loaded, "query"), embeddings(encoder, "query"))
@@ -180,8 +180,7 @@ def test_averaged_lora_is_the_weighted_average_of_the_merged_models(encoder: Den
     average_modules(encoder, ["a", "b"], [0.4, 0.6], "ab")
     merged = {}
     for name in ["a", "b", "ab"]:
-        encoder.activate(name)
-        merged[name] = merged_encoder(encoder).query_backbone.state_dict()
+        merged[name] = merged_encoder(encoder, name).query_backbone.state_dict()
     changed = 0
     for key, value in merged["ab"].items():
         expected = 0.4 * merged["a"][key] + 0.6 * merged["b"][key]
@@ -241,9 +240,9 @@ def test_a_retriever_with_a_fixed_route_searches_the_base_index_with_the_domains
     queries = Dataset.open(beir_dir).split_queries("test")[0]
     ids = list(queries)
     for domain, name in [("x", "a"), ("y", "b")]:
-        encoder.activate(name)
+        encoder.own = name
         direct = embed_texts(encoder, [queries[q] for q in ids], "query")
-        encoder.activate(None)
+        encoder.own = None
         routed_run = retriever.search_run(queries, 3, domain=domain)
         direct_run = index.search_run(direct, ids, 3)
         assert {q: list(d) for q, d in routed_run.items()} == {q: list(d) for q, d in direct_run.items()}
@@ -253,7 +252,7 @@ def test_a_retriever_with_a_fixed_route_searches_the_base_index_with_the_domains
 
     put_module(encoder, "lora", "both")  # an index of a passage-changing module's passages is not the base's
     other = base_index(encoder, beir_dir, tmp_path / "both")
-    encoder.activate(None)
+    encoder.own = None
     with pytest.raises(ValueError, match="built with module 'both'"):
         Retriever(encoder, other, route=route)
 
@@ -280,10 +279,10 @@ def test_a_saved_route_loads_to_the_same_routed_vectors_and_refuses_a_changed_mo
 ):
     folders = {}
     for name in "abc":
-        encoder.activate(name)
+        encoder.own = name
         encoder.save(tmp_path / name)
         folders[name] = tmp_path / name
-    encoder.activate(None)
+    encoder.own = None
     torch.manual_seed(0)
     route = route_of(encoder, strategy)
     route.save(tmp_path / "route", folders)
@@ -319,10 +318,10 @@ def test_a_route_folder_saved_with_the_flat_spec_loads_to_the_same_route(
 
     folders = {}
     for name in "abc":
-        encoder.activate(name)
+        encoder.own = name
         encoder.save(tmp_path / name)
         folders[name] = tmp_path / name
-    encoder.activate(None)
+    encoder.own = None
     torch.manual_seed(0)
     route = route_of(encoder, strategy)
     assert route.spec.model_dump_json() == FLAT_SPECS[strategy]  # what the route's fingerprint digests
@@ -348,7 +347,7 @@ def test_a_route_over_modules_that_add_nothing_gives_the_bases_vectors(tiny_mode
     encoder = DenseEncoder.load(tiny_model, pooling="mean", normalize=True).eval()
     for name in "abc":
         encoder.new_module(spec_of("query-lora", name))  # fresh: LoRA's B is zero
-    encoder.activate(None)
+    encoder.own = None
     torch.manual_seed(0)
     route = route_of(encoder, strategy)
     base = embed_texts(encoder, QUERIES, "query")
@@ -481,9 +480,9 @@ def test_the_route_and_average_commands_and_search_with_a_route(
     from densekit.retrieval.retriever import Retriever
 
     for name in "ab":
-        encoder.activate(name)
+        encoder.own = name
         encoder.save(tmp_path / name)
-    encoder.activate(None)
+    encoder.own = None
     index = base_index(encoder, beir_dir, tmp_path)
     runner = CliRunner()
     route_command = ["modules", "route", str(tmp_path / "a"), str(tmp_path / "b"), "--domain", "x=a",
@@ -528,9 +527,9 @@ def test_the_routing_diagnostic_reports_each_collections_modules_and_collapse(
     from densekit.cli.main import app
 
     for name in "ab":
-        encoder.activate(name)
+        encoder.own = name
         encoder.save(tmp_path / name)
-    encoder.activate(None)
+    encoder.own = None
     runner = CliRunner()
     for route, domains in [("split", ["x=a", "y=b"]), ("collapsed", ["x=a", "y=a"])]:
         command = ["modules", "route", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / route)]
@@ -600,13 +599,12 @@ def test_a_query_only_module_searches_the_bases_index_and_a_benchmark_given_it_e
     dataset = Dataset.open(beir_dir)
     base = run_benchmark(encoder, "base", [beir_dir], tmp_path / "base", quick)
     base_index_dir = tmp_path / "base" / base.collections[0].name / "index"
-    encoder.activate("a")  # query-only: its passages are the base's, so are its embeddings' records
-    assert np.array_equal(embeddings(encoder), embed_texts_with(encoder, None))
-    a_identity = embedding_identity(encoder, dataset, 1, None)
-    encoder.activate(None)
-    assert a_identity == embedding_identity(encoder, dataset, 1, None)
+    # query-only: its passages are the base's, so are its embeddings' records
+    assert np.array_equal(embeddings(encoder, module="a"), embeddings(encoder, module=None))
+    a_identity = embedding_identity(encoder, dataset, 1, None, module="a")
+    assert a_identity == embedding_identity(encoder, dataset, 1, None, module=None)
 
-    encoder.activate("a")
+    encoder.own = "a"
     own = run_benchmark(encoder, "a", [beir_dir], tmp_path / "own", quick)
     given = run_benchmark(encoder, "a", [beir_dir], tmp_path / "given", quick,
                           indexes=[base_index_dir])  # fmt: skip
@@ -628,13 +626,8 @@ def test_a_query_only_module_searches_the_bases_index_and_a_benchmark_given_it_e
 
 
 def embed_texts_with(encoder: DenseEncoder, name: str | None) -> np.ndarray:
-    """The test passages' vectors with module `name` active, leaving the active module as it was."""
-    active = encoder.active
-    encoder.activate(name)
-    try:
-        return embeddings(encoder)
-    finally:
-        encoder.activate(active)
+    """The test passages' vectors with module `name`."""
+    return embeddings(encoder, module=name)
 
 
 def test_the_service_routes_a_requests_queries_by_its_domain(
@@ -646,9 +639,9 @@ def test_the_service_routes_a_requests_queries_by_its_domain(
     from densekit.serving.app import create_app
 
     for name in "ab":
-        encoder.activate(name)
+        encoder.own = name
         encoder.save(tmp_path / name)
-    encoder.activate(None)
+    encoder.own = None
     base_index(encoder, beir_dir, tmp_path)
     spec = RouteSpec(type="fixed", modules=["a", "b"], domains={"x": "a", "y": "b"})
     Route(encoder, spec).save(tmp_path / "route", {"a": tmp_path / "a", "b": tmp_path / "b"})
@@ -688,11 +681,11 @@ def test_a_fresh_hypernetworks_modules_are_the_base_and_a_generated_module_is_an
     assert (generated["x"] - generated["y"]).abs().max() > 1e-3  # each domain its own module
     network.module_for("x")
     assert torch.allclose(by_module(encoder, "x"), generated["x"], atol=1e-6)
-    encoder.activate("x")
+    encoder.own = "x"
     encoder.save(tmp_path / "x")  # saves, loads and merges like any module
     loaded = DenseEncoder.load(tmp_path / "x").eval()
     assert torch.allclose(by_module(loaded, "x"), generated["x"], atol=1e-6)
-    assert torch.allclose(by_module(merged_encoder(encoder).eval(), None), generated["x"], atol=1e-5)
+    assert torch.allclose(by_module(merged_encoder(encoder, "x").eval(), None), generated["x"], atol=1e-5)
 
 
 def test_training_a_hypernetwork_changes_only_it_and_saves_one_that_loads(
@@ -865,8 +858,6 @@ def test_a_routes_queries_are_encoded_at_the_precision_asked(encoder: DenseEncod
     route = Route(encoder, RouteSpec(type="fixed", modules=["a", "b"], domains={"x": "a", "y": "b"}))
     texts = list(Dataset.open(beir_dir).split_queries("test")[0].values())
     routed = {p: route.encode_queries(texts, ["x"] * len(texts), precision=p) for p in ("float32", "bf16")}
-    encoder.activate("a")
-    direct_bf16 = embed_texts(encoder, texts, "query", precision="bf16")
-    encoder.activate(None)
+    direct_bf16 = embed_texts(encoder, texts, "query", precision="bf16", module="a")
     assert np.abs(routed["bf16"] - routed["float32"]).max() > 1e-5  # bf16 reached the modules
     np.testing.assert_allclose(routed["bf16"], direct_bf16, atol=2e-2)

@@ -301,15 +301,12 @@ def test_one_service_serves_several_modules_each_with_its_own_index(served, tmp_
         indexes[name] = tmp_path / name
     retrievers = []
     for name in ("first", "second"):
-        encoder.activate(name)
-        retrievers.append(Retriever.over(encoder, indexes[name], data))
+        retrievers.append(Retriever.over(encoder, indexes[name], data, module=name))
     texts = [q["text"] for q in QUERIES]
     expected = {}
     for retriever in retrievers:
-        encoder.activate(retriever.module)
         expected[retriever.module] = retriever.search(texts, k=4)
     assert expected["first"] != expected["second"]
-    encoder.activate("first")
     with TestClient(create_app(retrievers, TOKEN)) as http:
         for module in ("second", "first", None):
             body = {"query": texts, "k": 4, **({"module": module} if module else {})}

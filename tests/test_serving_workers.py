@@ -20,7 +20,7 @@ from densekit.index import IndexSpec, build_index
 from densekit.models import DenseEncoder
 from densekit.retrieval.retriever import Retriever
 from densekit.serving.app import Batching, create_app
-from densekit.serving.batcher import MicroBatcher, _EncoderUse, default_workers
+from densekit.serving.batcher import MicroBatcher, _TokenizerLocks, default_workers
 
 from .conftest import QUERIES
 from .service_fixtures import TOKEN
@@ -108,46 +108,12 @@ def test_requests_of_different_k_in_one_batch_each_get_their_own_hits(retriever:
         assert [h.score for h in answer[0]] == pytest.approx([h.score for h in own[0]], abs=1e-6)
 
 
-class _Encoder:
-    """An encoder's module switch, recording what was active when: what `_EncoderUse` guards."""
-
-    def __init__(self) -> None:
-        self.active: str | None = None
-
-    def activate(self, name: str | None) -> None:
-        self.active = name
-
-
-def _holder(encoder: _Encoder, module: str | None, route: object = None) -> SimpleNamespace:
-    return SimpleNamespace(encoder=encoder, module=module, route=route)
-
-
-def _enters_while_held(use: _EncoderUse, holder: SimpleNamespace, other: SimpleNamespace) -> bool:
-    """Whether a thread using `other` gets in (within half a second) while this one holds `holder`."""
-    entered = threading.Event()
-
-    def enter() -> None:
-        with use.using(other):
-            entered.set()
-
-    with use.using(holder):
-        thread = threading.Thread(target=enter)
-        thread.start()
-        got_in = entered.wait(0.5)
-        assert holder.encoder.active == holder.module  # never switched under the holder
-    thread.join(5)
-    assert entered.is_set() and not thread.is_alive()  # in once the holder left
-    return got_in
-
-
-def test_workers_share_an_encoder_only_with_the_same_module_active():
-    use, encoder = _EncoderUse(), _Encoder()
-    assert _enters_while_held(use, _holder(encoder, "first"), _holder(encoder, "first"))
-    assert not _enters_while_held(use, _holder(encoder, "first"), _holder(encoder, "second"))
-    assert not _enters_while_held(use, _holder(encoder, None), _holder(encoder, "first"))
-    routed = _holder(encoder, None, route=object())  # a route switches modules itself: it encodes alone
-    assert not _enters_while_held(use, routed, routed)
-    assert _enters_while_held(use, _holder(encoder, "first"), _holder(_Encoder(), "second"))
+def test_tokenizing_holds_one_lock_per_encoder_whatever_the_module():
+    locks, shared = _TokenizerLocks(), object()
+    first = SimpleNamespace(encoder=shared, module="first")
+    second = SimpleNamespace(encoder=shared, module=None)
+    assert locks.of(first) is locks.of(second)  # one tokenizer, whichever module encodes after
+    assert locks.of(first) is not locks.of(SimpleNamespace(encoder=object(), module="first"))
 
 
 def test_concurrent_searches_of_two_modules_get_each_modules_own_hits(served, tmp_path: Path, kept_threads):
@@ -164,7 +130,6 @@ def test_concurrent_searches_of_two_modules_get_each_modules_own_hits(served, tm
         retrievers.append(Retriever.over(encoder, tmp_path / name, data))
     expected = {}
     for each in retrievers:
-        encoder.activate(each.module)
         expected[each.module] = [each.search([text], k=4)[0] for text in TEXTS]
     requests = [(each, [text], 4) for _ in range(3) for each in retrievers for text in TEXTS]
     answers = _run(MicroBatcher(max_wait_ms=0, workers=2, threads=2), *requests)

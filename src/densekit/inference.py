@@ -10,12 +10,6 @@ import torch
 
 from densekit.device import Precision, autocast
 
-# What one more forward pass costs on a CPU beyond the tokens it computes, in tokens' worth of compute:
-# all-MiniLM-L6-v2 on SciFact's queries (23 tokens on average) in groups of 32 and 64 as they arrive ran
-# within 4% of each other at 64, 128 and 256 (a one-off sweep), and 1.2 to 1.3x as fast as in fixed
-# batches of 32 (benchmarks/results/inference_padding.json).
-CPU_PASS_TOKENS = 128
-
 
 def infer_in_batches(
     model: torch.nn.Module,
@@ -24,13 +18,14 @@ def infer_in_batches(
     device: torch.device,
     precision: Precision,
     step: Callable[[np.ndarray], None],
-    pads: bool = True,
+    pass_cost: int | None,
 ) -> None:
     """Call `step(rows)` for the rows of items of `lengths` (token counts), at most `batch_size` at a
     time, the longest first (equal lengths in their order), so that each batch is padded only to its own
-    longest item and memory peaks at the start. On a CPU, for a model that computes its padding (`pads`),
-    a batch is cut short where the padding its remaining rows would take costs more than another forward
-    pass (`length_batches`); otherwise batches hold `batch_size` rows.
+    longest item and memory peaks at the start. With `pass_cost` (what one more forward pass costs in
+    tokens: `densekit.models.padding.pass_cost` decides it), a batch is cut short where the padding its
+    remaining rows would take costs more than another pass (`length_batches`); with None, batches hold
+    `batch_size` rows.
 
     Every call runs without autograd, under `precision`'s autocast on `device`, with `model` in
     inference mode: a model that was training is put back after, and one already in inference mode is
@@ -43,8 +38,7 @@ def infer_in_batches(
     try:
         with torch.inference_mode(), autocast(device, precision):
             sorted_lengths = np.asarray(lengths, dtype=np.int64)[order]
-            per_pass = CPU_PASS_TOKENS if pads and device.type == "cpu" else None
-            for start, end in length_batches(sorted_lengths, batch_size, per_pass):
+            for start, end in length_batches(sorted_lengths, batch_size, pass_cost):
                 step(order[start:end])
     finally:
         if was_training:

@@ -244,7 +244,7 @@ def test_13_modules_average_writes_densekits_card_outside_the_checksums(
                        "-o", tmp_path / "avg")  # fmt: skip
     assert code == 0, err
     assert_editable_card(tmp_path / "avg", tiny_model.parent, tmp_path)
-    assert DenseEncoder.load(tmp_path / "avg").active == "averaged"
+    assert DenseEncoder.load(tmp_path / "avg").own == "averaged"
 
 
 def test_13_a_module_an_earlier_densekit_saved_with_a_checksummed_readme_loads_after_an_edit(
@@ -258,7 +258,7 @@ def test_13_a_module_an_earlier_densekit_saved_with_a_checksummed_readme_loads_a
     manifest["checksums"]["README.md"] = file_digest(folder / "README.md")
     (folder / MANIFEST).write_text(json.dumps(manifest))
     (folder / "README.md").write_text("# m\n\nMy own words.\n")
-    assert DenseEncoder.load(folder).active == "m"
+    assert DenseEncoder.load(folder).own == "m"
 
 
 # --- case 14: a checkpoint's model card -------------------------------------------------------------

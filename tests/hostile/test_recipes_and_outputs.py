@@ -42,7 +42,7 @@ def modules(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     for seed, name in enumerate("ab"):
         put_module(encoder, "query-lora", name, seed=seed)
         encoder.save(root / name)
-    encoder.activate(None)
+    encoder.own = None
     return encoder, root
 
 

@@ -60,7 +60,7 @@ def routed(served) -> Retriever:
     encoder = DenseEncoder.load(model).eval()
     for seed, name in enumerate("ab", start=1):
         put_module(encoder, "query-lora", name, seed=seed)
-    encoder.activate(None)
+    encoder.own = None
     route = Route(encoder, RouteSpec(type="fixed", modules=["a", "b"], domains={"x": "a", "y": "b"}))
     return Retriever(encoder, SearchIndex.load(index), route=route)
 
@@ -136,7 +136,7 @@ def test_an_adapter_module_is_exported_to_onnx_runtime_and_encodes_as_torch(tiny
     from densekit.encoding.onnx_backend import use_backend
 
     encoder = DenseEncoder.load(tiny_st_model).eval()
-    put_module(encoder, "adapter", "adapter", seed=1)  # active, as `serve --module` leaves it
+    put_module(encoder, "adapter", "adapter", seed=1)  # its own, as `serve --module` loads it
     texts = TEXTS + [d["text"] for d in CORPUS[:3]]
     by_torch = {kind: embed_texts(encoder, texts, kind) for kind in ("query", "passage")}
     trainable = [p.requires_grad for p in encoder.parameters()]

@@ -32,10 +32,10 @@ def merge(
     from densekit.models.merge import merged_encoder
 
     encoder = DenseEncoder.load(module)
-    merged = merged_encoder(encoder)
+    merged = merged_encoder(encoder, encoder.own)
     claim_folder(output, MODEL_KIND, merged.identity(), [module], overwrite)
     merged.save(output)
-    log.info("wrote %s: %s with module %s folded in", output, encoder.source, encoder.active)
+    log.info("wrote %s: %s with module %s folded in", output, encoder.source, encoder.own)
 
 
 ModulesArg = Annotated[
@@ -52,13 +52,13 @@ def _check_output(output: Path, inputs: list[Path]) -> None:
     check_not_in_collection(output)
 
 
-def _check_module_folder(output: Path, encoder, inputs: list[Path], overwrite: bool) -> None:
+def _check_module_folder(output: Path, encoder, name: str, inputs: list[Path], overwrite: bool) -> None:
     """Refuse an output folder holding a module densekit made from other modules or settings, unless
-    `overwrite`; the identity is the one `EncoderModule.save` records for the active module."""
+    `overwrite`; the identity is the one `EncoderModule.save` records for the module called `name`."""
     from densekit.io.outputs import check_artefact_output
     from densekit.models.modules.module import MODULE_KIND
 
-    module = encoder.module
+    module = encoder.module_named(name)
     identity = {"base": module.base["fingerprint"], "module": module.fingerprint(),
                 "settings": encoder.config.model_dump()}  # fmt: skip
     check_artefact_output(output, MODULE_KIND, identity, inputs, overwrite)
@@ -137,9 +137,8 @@ def average(
     except ValueError:
         raise SettingError(f"--weights {weights!r} is not a comma-separated list of numbers") from None
     average_modules(encoder, names, values, name)
-    encoder.activate(name)
-    _check_module_folder(output, encoder, modules, overwrite)
-    encoder.save(output)
+    _check_module_folder(output, encoder, name, modules, overwrite)
+    encoder.save(output, module=name)
     log.info("wrote %s: %s", output, " + ".join(f"{w:g} x {n}" for w, n in zip(values, names, strict=True)))
 
 
@@ -158,9 +157,8 @@ def generate(
     _check_output(output, [hypernetwork])
     network = LoraHypernetwork.load(hypernetwork)
     network.module_for(domain)
-    network.encoder.activate(domain)
-    _check_module_folder(output, network.encoder, [hypernetwork], overwrite)
-    network.encoder.save(output)
+    _check_module_folder(output, network.encoder, domain, [hypernetwork], overwrite)
+    network.encoder.save(output, module=domain)
     log.info("wrote %s: the module of domain %r", output, domain)
 
 

@@ -240,8 +240,9 @@ def _retrievers(
     mmap_index: bool,
 ) -> list[Retriever]:
     """The retriever of MODEL, loaded with `options` (its module, its `--dimensions`), over `index_dir`,
-    and one per `--module-index` pair (module folder, index folder) sharing its encoder, the first module
-    active; each index must hold vectors as the encoder makes them (`retrieval.dense.check_compatible`)."""
+    and one per `--module-index` pair (module folder, index folder) sharing its encoder, each encoding
+    with its module; each index must hold vectors as the encoder makes them with it
+    (`retrieval.dense.check_compatible`)."""
     from densekit.retrieval.retriever import Retriever
 
     encoder, route = load_model(model, device, options)
@@ -253,11 +254,9 @@ def _retrievers(
     if retrievers[0].route is not None and extra:
         raise SettingError(f"{model} is a route: it serves its modules itself; --module-index does not apply")
     for module_dir, extra_index in extra:
-        encoder.load_module(module_dir)  # shares the base; activated while its retriever is checked
-        retrievers.append(
-            Retriever.over(encoder, extra_index, corpus, show_progress=True, mmap_index=mmap_index)
-        )
-    encoder.activate(retrievers[0].module)
+        name = encoder.load_module(module_dir).name  # shares the base
+        retrievers.append(Retriever.over(encoder, extra_index, corpus, show_progress=True,
+                                         mmap_index=mmap_index, module=name))  # fmt: skip
     return retrievers
 
 

@@ -15,7 +15,6 @@ from densekit.data.dataset import Dataset
 from densekit.data.records import Document
 from densekit.device import Precision
 from densekit.encoding.embed import embed_texts
-from densekit.encoding.onnx_backend import with_inference
 from densekit.encoding.passages import MaxPSettings, PassageSplitter
 from densekit.encoding.store import KIND, PART_PATTERNS, complete_part, part_stem
 from densekit.errors import InputError, StateError
@@ -24,7 +23,7 @@ from densekit.io.atomic import write_text_atomic
 from densekit.io.lock import hold
 from densekit.io.npy import float32_rows_writer, read_npy_header
 from densekit.io.outputs import claim_folder
-from densekit.models.encoder import DenseEncoder
+from densekit.models.encoder import OWN, DenseEncoder, ModuleChoice
 from densekit.progress import progress_bar
 
 log = logging.getLogger("densekit")
@@ -59,16 +58,18 @@ def embedding_identity(
     shards: int,
     maxp: MaxPSettings | None,
     precision: Precision = "float32",
+    module: ModuleChoice = OWN,
 ) -> dict:
-    """What an embedding folder records of what made it, and what a resumed or reused part must match:
-    with a backend or precision other than PyTorch's float32, that too (`inference`)."""
+    """What an embedding folder records of what made it (the encoder with `module`), and what a resumed
+    or reused part must match: with a backend or precision other than PyTorch's float32, that too
+    (`inference`, `DenseEncoder.artefact_identity`)."""
     identity = {
-        "model": encoder.passage_identity(),
+        "model": encoder.passage_identity(module),
         "corpus": dataset.corpus_digest(),
         "shards": shards,
         "maxp": maxp.model_dump() if maxp is not None else None,
     }
-    return with_inference(identity, encoder, precision)
+    return encoder.artefact_identity(identity, precision)
 
 
 def encode_corpus(
@@ -82,6 +83,7 @@ def encode_corpus(
     show_progress: bool = True,
     maxp: MaxPSettings | None = None,
     overwrite: bool = False,
+    module: ModuleChoice = OWN,
 ) -> Path:
     """Encode `shard` of the corpus into `output` and return the part's metadata file.
 
@@ -93,11 +95,12 @@ def encode_corpus(
     of the shard is cut into passages and each passage is a row (a first pass over the shard counts
     them, so the corpus is still streamed). The part is locked while it is written (`densekit.io.lock`),
     so a second run on it is refused; other shards of the folder may be encoded at the same time.
+    Passages are encoded with `module` (by default the encoder's own).
     """
     output = Path(output)
     with hold(output / part_stem(shard.index, shard.count)):
         return _encode_part(encoder, dataset, output, shard, batch_size, precision, chunk_size,
-                            show_progress, maxp, overwrite)  # fmt: skip
+                            show_progress, maxp, overwrite, encoder.chosen(module))  # fmt: skip
 
 
 def _encode_part(
@@ -111,9 +114,10 @@ def _encode_part(
     show_progress: bool,
     maxp: MaxPSettings | None,
     overwrite: bool,
+    module: str | None,
 ) -> Path:
     """`encode_corpus`, with the part's lock held."""
-    identity = embedding_identity(encoder, dataset, shard.count, maxp, precision)
+    identity = embedding_identity(encoder, dataset, shard.count, maxp, precision, module)
     about = {"model": encoder.source, "corpus": str(dataset.corpus_path)}
     state = claim_folder(output, KIND, identity, [dataset.root, encoder.source], overwrite, PART_PATTERNS)
     output.mkdir(parents=True, exist_ok=True)
@@ -158,7 +162,13 @@ def _encode_part(
             if chunk_start + len(chunk) <= done:
                 continue
             vectors = embed_texts(
-                encoder, [d.full_text for d in chunk], "passage", batch_size, precision, advance
+                encoder,
+                [d.full_text for d in chunk],
+                "passage",
+                batch_size,
+                precision,
+                advance,
+                module=module,
             )
             write_rows(chunk_start, vectors)  # on disk before the progress file says they are
             write_text_atomic(progress_file, json.dumps({**meta, "done": chunk_start + len(chunk)}))

@@ -10,8 +10,9 @@ import torch
 from densekit.device import Precision
 from densekit.errors import InputError, StateError
 from densekit.inference import infer_in_batches
+from densekit.models import padding
 from densekit.models.config import TextKind
-from densekit.models.encoder import DenseEncoder
+from densekit.models.encoder import OWN, DenseEncoder, ModuleChoice
 
 # (input_ids, attention_mask, the batch's rows among the texts) -> vectors
 BatchEncoder = Callable[[torch.Tensor, torch.Tensor, np.ndarray], torch.Tensor]
@@ -25,18 +26,20 @@ def embed_texts(
     precision: Precision = "float32",
     advance: Callable[[int], None] | None = None,
     encode: BatchEncoder | None = None,
+    module: ModuleChoice = OWN,
 ) -> np.ndarray:
     """Vectors for `texts` in their order, as a float32 array (len(texts), dimension).
 
     Texts are tokenized once, sorted by token count (longest first, so memory peaks at the start) and
     batched, so padding is small; the encoder stays on whatever device it is on. `encode(input_ids,
-    attention_mask, rows)` replaces the encoder's own forward (a route, which needs to know the rows).
-    With the encoder's `runtime` set (`onnx_backend.use_backend`), batches run through that export,
-    which must have been made with the module active now; `precision` is then torch's float32.
+    attention_mask, rows)` replaces the encoder's own forward (a route, which needs to know the rows);
+    otherwise `module` encodes (by default the encoder's own). With the encoder's `runtime` set
+    (`onnx_backend.use_backend`), batches run through that export, which must have been made with
+    `module`; `precision` is then torch's float32.
     """
     _check_batch_size(batch_size)
     token_ids = encoder.tokenize(texts, kind) if texts else []
-    return embed_tokens(encoder, token_ids, kind, batch_size, precision, advance, encode)
+    return embed_tokens(encoder, token_ids, kind, batch_size, precision, advance, encode, module)
 
 
 def embed_tokens(
@@ -47,20 +50,22 @@ def embed_tokens(
     precision: Precision = "float32",
     advance: Callable[[int], None] | None = None,
     encode: BatchEncoder | None = None,
+    module: ModuleChoice = OWN,
 ) -> np.ndarray:
     """`embed_texts` of texts already tokenized by `encoder.tokenize(texts, kind)`, for a caller that
     needs the token ids too (the service counts them), so that texts are tokenized once."""
     _check_batch_size(batch_size)
+    name = encoder.chosen(module)
     runtime = encoder.runtime
     if runtime is not None:
         if encode is not None:
             raise InputError("a route encodes through PyTorch: --backend onnx does not apply to it")
         if precision != "float32":
             raise InputError(f"the encoder runs ONNX Runtime at {runtime.precision}, not torch {precision}")
-        if runtime.module != encoder.active:
+        if runtime.module != name:
             raise StateError(
-                f"the ONNX Runtime export was made with module {runtime.module!r} active, not "
-                f"{encoder.active!r}: export it again"
+                f"the ONNX Runtime export was made with module {runtime.module!r}, not {name!r}: export it "
+                "again"
             )
     output = np.empty((len(token_ids), encoder.dimension), dtype=np.float32)
     if not token_ids:
@@ -73,15 +78,19 @@ def embed_tokens(
         if runtime is not None:
             vectors = runtime(input_ids, attention_mask, kind)
         elif encode is None:
-            vectors = encoder(input_ids, attention_mask, kind=kind)
+            vectors = encoder(input_ids, attention_mask, kind=kind, module=name)
         else:
             vectors = encode(input_ids, attention_mask, rows)
         output[rows] = vectors.float().cpu().numpy()
         if advance is not None:
             advance(len(rows))
 
-    pads = runtime is not None or encode is not None or not encoder.computes_only_tokens(kind)
-    infer_in_batches(encoder, [len(ids) for ids in token_ids], batch_size, device, precision, step, pads)
+    computes_padding = (
+        runtime is not None or encode is not None or not encoder.computes_only_tokens(kind, name)
+    )
+    lengths = [len(ids) for ids in token_ids]
+    cost = padding.pass_cost(device, computes_padding)
+    infer_in_batches(encoder, lengths, batch_size, device, precision, step, cost)
     return output
 
 

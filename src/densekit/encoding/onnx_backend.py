@@ -1,7 +1,7 @@
 """Inference through ONNX Runtime: an encoder exported per text kind, optionally quantised to int8, and
 checked against PyTorch before it is used.
 
-The exported graph is the whole of `DenseEncoder.encode_with` for one kind (backbone, the active module,
+The exported graph is the whole of `DenseEncoder.encode_with` for one kind (backbone, the module,
 pooling, normalisation), so what runs is what PyTorch computes, less floating-point order. It is
 exported to a temporary folder and held in memory: nothing is cached on disk, so no export can outlive
 the weights it was made from. Export uses torch's TorchScript-based exporter (the dynamo exporter does
@@ -26,7 +26,7 @@ import torch
 from densekit.device import Precision
 from densekit.errors import DensekitError, InputError, SettingError
 from densekit.models.config import TextKind
-from densekit.models.encoder import DenseEncoder
+from densekit.models.encoder import OWN, DenseEncoder, ModuleChoice
 
 log = logging.getLogger("densekit")
 
@@ -64,43 +64,33 @@ def torch_precision(backend: str, precision: str) -> Precision:
 
 
 def use_backend(
-    encoder: DenseEncoder, backend: str, precision: str, kinds: Iterable[TextKind] = ("query", "passage")
+    encoder: DenseEncoder,
+    backend: str,
+    precision: str,
+    kinds: Iterable[TextKind] = ("query", "passage"),
+    module: ModuleChoice = OWN,
 ) -> Precision:
-    """Make `encoder` encode `kinds` texts through `backend` (torch or onnx) at `precision`, and return
-    `torch_precision(backend, precision)`."""
+    """Make `encoder` encode `kinds` texts with `module` through `backend` (torch or onnx) at
+    `precision`, and return `torch_precision(backend, precision)`."""
     autocast_precision = torch_precision(backend, precision)
-    encoder.runtime = export_encoder(encoder, precision, kinds) if backend == "onnx" else None
+    encoder.runtime = export_encoder(encoder, precision, kinds, module) if backend == "onnx" else None
     return autocast_precision
-
-
-def inference_record(encoder: DenseEncoder, precision: str = "float32") -> dict[str, str] | None:
-    """How `encoder` computes vectors (its backend, and `precision` or its export's), for what records
-    it; None for PyTorch at float32, which records made before backends existed mean."""
-    if encoder.runtime is not None:
-        return {"backend": "onnx", "precision": encoder.runtime.precision}
-    return None if precision == "float32" else {"backend": "torch", "precision": precision}
-
-
-def with_inference(identity: dict, encoder: DenseEncoder, precision: str = "float32") -> dict:
-    """`identity` with `inference_record(encoder, precision)` under `inference` where there is one."""
-    inference = inference_record(encoder, precision)
-    return identity if inference is None else {**identity, "inference": inference}
 
 
 class _KindForward(torch.nn.Module):
     """`encoder.encode_with(module, ..., kind)` as a module of two inputs, for the exporter."""
 
-    def __init__(self, encoder: DenseEncoder, kind: TextKind):
+    def __init__(self, encoder: DenseEncoder, kind: TextKind, module: str | None):
         super().__init__()
-        self.encoder, self.kind, self.module = encoder, kind, encoder.active
+        self.encoder, self.kind, self.module = encoder, kind, module
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.encoder.encode_with(self.module, input_ids, attention_mask, self.kind)
 
 
 class OnnxEncoder:
-    """ONNX Runtime sessions that encode one or both text kinds as the encoder, with the module that was
-    active at export, does; call it like `DenseEncoder.encode_with`'s batch part."""
+    """ONNX Runtime sessions that encode one or both text kinds as the encoder, with the module it was
+    exported with, does; call it like `DenseEncoder.encode_with`'s batch part."""
 
     def __init__(self, sessions: dict[str, object], precision: str, module: str | None):
         self.sessions = sessions
@@ -147,10 +137,14 @@ class OnnxEncoder:
 
 
 def export_encoder(
-    encoder: DenseEncoder, precision: str, kinds: Iterable[TextKind] = ("query", "passage")
+    encoder: DenseEncoder,
+    precision: str,
+    kinds: Iterable[TextKind] = ("query", "passage"),
+    module: ModuleChoice = OWN,
 ) -> OnnxEncoder:
-    """Export `encoder` (its active module included) for each of `kinds` to ONNX Runtime at `precision`
-    (float32 or int8), check the export against PyTorch and return it."""
+    """Export `encoder` with `module` (by default its own) for each of `kinds` to ONNX Runtime at
+    `precision` (float32 or int8), check the export against PyTorch and return it."""
+    name = encoder.chosen(module)
     if precision not in ONNX_PRECISIONS:
         raise SettingError(f"--backend onnx runs float32 or int8, not {precision}")
     if encoder.device.type != "cpu":
@@ -175,20 +169,22 @@ def export_encoder(
     # a copy's forward hooks (adapters') still call the original's modules: both are frozen while traced
     with tempfile.TemporaryDirectory(prefix="densekit-onnx-") as folder, _frozen(encoder), _frozen(copied):
         for kind in dict.fromkeys(kinds):
-            path = _export_kind(copied, kind, Path(folder), precision)
+            path = _export_kind(copied, kind, name, Path(folder), precision)
             sessions[kind] = onnxruntime.InferenceSession(
                 str(path), options, providers=["CPUExecutionProvider"]
             )
-    exported = OnnxEncoder(sessions, precision, encoder.active)
+    exported = OnnxEncoder(sessions, precision, name)
     least = exported.check_against(encoder)
     log.info("ONNX Runtime %s export of %s checked against PyTorch (least cosine %.6f)",
              precision, " and ".join(sessions), least)  # fmt: skip
     return exported
 
 
-def _export_kind(encoder: DenseEncoder, kind: TextKind, folder: Path, precision: str) -> Path:
-    """The ONNX file of `encoder`'s `kind` side, fused where the optimizer knows the model and quantised
-    for int8."""
+def _export_kind(
+    encoder: DenseEncoder, kind: TextKind, module: str | None, folder: Path, precision: str
+) -> Path:
+    """The ONNX file of `encoder`'s `kind` side with `module`, fused where the optimizer knows the model
+    and quantised for int8."""
     import warnings
 
     target = folder / f"{kind}.onnx"
@@ -198,7 +194,7 @@ def _export_kind(encoder: DenseEncoder, kind: TextKind, folder: Path, precision:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the exporter's tracer warnings are about Python control flow
             torch.onnx.export(
-                _KindForward(encoder, kind),
+                _KindForward(encoder, kind, module),
                 (dummy, dummy),
                 str(target),
                 input_names=["input_ids", "attention_mask"],
@@ -208,8 +204,8 @@ def _export_kind(encoder: DenseEncoder, kind: TextKind, folder: Path, precision:
                 dynamo=False,
             )
     except Exception as err:
-        module = f" with module {encoder.active!r}" if encoder.active else ""
-        raise ExportError(f"could not export the encoder{module} to ONNX: {err}".splitlines()[0]) from err
+        named = f" with module {module!r}" if module else ""
+        raise ExportError(f"could not export the encoder{named} to ONNX: {err}".splitlines()[0]) from err
     config = encoder.backbone(kind).config
     with _quiet_logging():
         return _optimise(target, folder, kind, precision, config)

@@ -23,7 +23,6 @@ from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.device import Precision
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import embedding_identity, encode_corpus
-from densekit.encoding.onnx_backend import with_inference
 from densekit.encoding.store import EmbeddingStore, part_stem
 from densekit.errors import InputError
 from densekit.evaluation.measures import evaluate, parse_measures
@@ -169,7 +168,7 @@ def run_benchmark(
     identity = {"model": encoder.identity(), "split": options.split, "k": options.k}
     if route is not None:
         identity["route"] = route.identity()
-    identity = with_inference(identity, encoder, options.precision)
+    identity = encoder.artefact_identity(identity, options.precision)
     inputs = [*data_dirs, encoder.source]
     if claim_folder(output, KIND, identity, inputs, options.overwrite, _ENTRIES) == "new":
         output.mkdir(parents=True, exist_ok=True)
@@ -245,7 +244,7 @@ def benchmark_collection(
     dense_identity = {**split_identity, "model": encoder.identity(), "index": index_identity}
     if route is not None:
         dense_identity.update(route=route.identity(), domain=domain)
-    dense_identity = with_inference(dense_identity, encoder, precision)
+    dense_identity = encoder.artefact_identity(dense_identity, precision)
     with _stage(stages, "search", is_current(dense_run, RUN_KIND, dense_identity)) as fresh:
         if fresh:
             index = given if given is not None else SearchIndex.load(index_dir)

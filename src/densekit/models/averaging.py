@@ -20,7 +20,7 @@ def average_modules(
     encoder: DenseEncoder, names: Sequence[str], weights: Sequence[float], new_name: str
 ) -> EncoderModule:
     """Put on `encoder` a module called `new_name` that is the `weights`-weighted average (weights sum to
-    1) of the modules called `names`; the active module is left as it was."""
+    1) of the modules called `names`; the encoder's own module is left as it was."""
     if len(names) != len(weights) or len(names) < 2:
         raise InputError(f"{len(names)} modules and {len(weights)} weights: give two or more of each, paired")
     if any(w < 0 for w in weights) or abs(sum(weights) - 1) > 1e-6:
@@ -29,11 +29,7 @@ def average_modules(
         encoder.require_module(name)
     sources = [encoder.attached[name] for name in names]
     specs = [module.spec.model_copy(update={"name": new_name}) for module in sources]
-    active = encoder.active
-    try:
-        kind = kind_of(specs[0])
-        if any(kind_of(spec) is not kind for spec in specs):
-            raise InputError(settings_differ(sources))
-        return kind.average(encoder, sources, list(weights), specs)
-    finally:
-        encoder.active = active
+    kind = kind_of(specs[0])
+    if any(kind_of(spec) is not kind for spec in specs):
+        raise InputError(settings_differ(sources))
+    return kind.average(encoder, sources, list(weights), specs)

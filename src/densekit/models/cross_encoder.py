@@ -23,6 +23,7 @@ from densekit.errors import InputError
 from densekit.inference import infer_in_batches
 from densekit.io.artefact import artefact_dir
 from densekit.io.model_card import write_model_card
+from densekit.models import padding
 from densekit.models.card import cross_encoder_card
 from densekit.models.checkpoint_files import (
     check_artefact_kind,
@@ -128,7 +129,9 @@ class CrossEncoder(torch.nn.Module):
                 advance(len(rows))
 
         lengths = [len(e["input_ids"]) for e in encoded]
-        infer_in_batches(self, lengths, batch_size, self.device, precision, step)
+        infer_in_batches(
+            self, lengths, batch_size, self.device, precision, step, padding.pass_cost(self.device)
+        )
         return scores
 
     def fingerprint(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,6 +14,7 @@ from densekit.diagnostics import DataError, Problem
 from densekit.errors import InputError
 from densekit.io.artefact import artefact_dir
 from densekit.io.model_card import write_model_card
+from densekit.models import padding
 from densekit.models.card import encoder_card
 from densekit.models.checkpoint_files import (
     check_artefact_kind,
@@ -26,7 +28,7 @@ from densekit.models.dimensions import check_dimensions, truncated
 from densekit.models.fingerprint import tensors_fingerprint, weights_fingerprint
 from densekit.models.hub import locate_model
 from densekit.models.modules.module import EncoderModule, ModuleError, is_module_folder, read_module_file
-from densekit.models.packed import packed_hidden, packs, worth_packing
+from densekit.models.packed import packed_hidden
 from densekit.models.pooling import pool, without_prompt
 from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
 
@@ -37,10 +39,22 @@ QUERY_TOWER = "query_encoder"
 PASSAGE_TOWER = "passage_encoder"
 
 
+class Own(Enum):
+    """The type of `OWN`."""
+
+    OWN = "own"
+
+
+# `module=OWN`: encode with the encoder's own module (`DenseEncoder.own`: the one it was loaded with, or
+# none); a name chooses a module on it for that call alone, None the base alone
+OWN = Own.OWN
+ModuleChoice = str | None | Own
+
+
 class InferenceRuntime(Protocol):
     """What runs an encoder's inference in place of PyTorch (an ONNX Runtime export, made by
     `densekit.encoding.onnx_backend`): called as `encode_with`'s batch part is, at its own `precision`,
-    for the `module` that was active when it was made."""
+    for the `module` it was made with."""
 
     precision: str
     module: str | None
@@ -80,9 +94,11 @@ class DenseEncoder(torch.nn.Module):
     With `config.tied` both towers are one backbone. Load any Hugging Face encoder folder, a
     sentence-transformers folder, a saved densekit model or a hub id with `DenseEncoder.load`.
 
-    Modules (`densekit.models.modules`) sit on the frozen backbones, any number at once, by name; the
-    active one (or none: the base alone) encodes. Saving with a module active saves the module. With
-    `runtime` set, inference (`densekit.encoding.embed`) runs through that ONNX Runtime export instead.
+    Modules (`densekit.models.modules`) sit on the frozen backbones, any number at once, by name; each
+    call that encodes, saves or describes takes the one to use (`module=`): by default (`OWN`) the
+    encoder's own, `own` (the module it was loaded with, or None: the base alone). Nothing switches
+    modules for other callers, so threads may encode with different modules at once. With `runtime`
+    set, inference (`densekit.encoding.embed`) runs through that ONNX Runtime export instead.
     """
 
     def __init__(
@@ -102,7 +118,7 @@ class DenseEncoder(torch.nn.Module):
         self.config = config
         self.source = source
         self.attached = torch.nn.ModuleDict()
-        self.active: str | None = None
+        self.own: str | None = None  # the module `OWN` means: the one loaded with the encoder, or none
         self.runtime: InferenceRuntime | None = None  # set by `densekit.encoding.onnx_backend.use_backend`
         self._prompt_lengths: dict[str, int] = {}
 
@@ -116,8 +132,8 @@ class DenseEncoder(torch.nn.Module):
     ) -> DenseEncoder:
         """Load an encoder; keyword overrides (pooling=..., normalize=...) replace the saved settings.
 
-        `name_or_path` may be a module folder, which loads the base it names with the module active;
-        `module` puts a module folder on the model named and activates it."""
+        `name_or_path` may be a module folder, which loads the base it names with the module as its own;
+        `module` puts a module folder on the model named as its own (`own`)."""
         if is_module_folder(name_or_path):
             if module is not None:
                 raise InputError(
@@ -134,7 +150,7 @@ class DenseEncoder(torch.nn.Module):
             overrides = {**settings, **{k: v for k, v in overrides.items() if v is not None}}
         encoder = cls._load_base(name_or_path, trust_remote_code, overrides)
         if module is not None:
-            encoder.load_module(module)
+            encoder.own = encoder.load_module(module).name
         return encoder
 
     @classmethod
@@ -174,29 +190,41 @@ class DenseEncoder(torch.nn.Module):
         """A digest of the base weights (both towers) and the tokenizer, as they are now."""
         return weights_fingerprint([self.query_backbone, self.passage_backbone], self.tokenizer)
 
-    def fingerprint(self) -> str:
-        """A digest of what encodes: the base, and the active module's weights when one is."""
-        return self._fingerprint_with(self.active)
+    def fingerprint(self, module: ModuleChoice = OWN) -> str:
+        """A digest of what encodes with `module`: the base, and the module's weights when there is one."""
+        return self._fingerprint_with(self.chosen(module))
 
-    def identity(self) -> dict[str, Any]:
-        """What an artefact made with this encoder records of it: weights, every setting, the module."""
-        return self._identity_with(self.active)
+    def identity(self, module: ModuleChoice = OWN) -> dict[str, Any]:
+        """What an artefact made with this encoder and `module` records of it: weights, every setting, the
+        module."""
+        return self._identity_with(self.chosen(module))
 
-    @property
-    def passage_module(self) -> str | None:
-        """The active module when it changes how passages are encoded; None for the base alone and for
-        a query-only module (`towers: query`), whose passages are the base's."""
-        module = self.module
-        return None if module is None or module.spec.towers == "query" else self.active
+    def artefact_identity(self, identity: dict, precision: str = "float32") -> dict:
+        """`identity` (what an artefact this encoder made records) with how it computed the vectors under
+        `inference`: its runtime's backend and precision, or torch at `precision`; as it is for PyTorch
+        at float32, which records made before backends existed mean."""
+        if self.runtime is not None:
+            inference = {"backend": "onnx", "precision": self.runtime.precision}
+        elif precision == "float32":
+            return identity
+        else:
+            inference = {"backend": "torch", "precision": precision}
+        return {**identity, "inference": inference}
 
-    def passage_fingerprint(self) -> str:
-        """A digest of what encodes passages: `fingerprint()`, less a query-only module."""
-        return self._fingerprint_with(self.passage_module)
+    def passage_module(self, module: ModuleChoice = OWN) -> str | None:
+        """`module` when it changes how passages are encoded; None for the base alone and for a
+        query-only module (`towers: query`), whose passages are the base's."""
+        held = self.module_named(module)
+        return None if held is None or held.spec.towers == "query" else held.name
 
-    def passage_identity(self) -> dict[str, Any]:
-        """What passage embeddings record of the encoder that made them: `identity()`, less a query-only
-        module, so that the base's index serves every query-only module of that base."""
-        return self._identity_with(self.passage_module)
+    def passage_fingerprint(self, module: ModuleChoice = OWN) -> str:
+        """A digest of what encodes passages: `fingerprint(module)`, less a query-only module."""
+        return self._fingerprint_with(self.passage_module(module))
+
+    def passage_identity(self, module: ModuleChoice = OWN) -> dict[str, Any]:
+        """What passage embeddings record of the encoder that made them: `identity(module)`, less a
+        query-only module, so that the base's index serves every query-only module of that base."""
+        return self._identity_with(self.passage_module(module))
 
     def _fingerprint_with(self, name: str | None) -> str:
         base = self.base_fingerprint()
@@ -213,7 +241,7 @@ class DenseEncoder(torch.nn.Module):
     def new_module(
         self, spec: Any, sparse_indices: dict[str, dict[str, torch.Tensor]] | None = None
     ) -> EncoderModule:
-        """Put a fresh module of `spec` on the backbones (frozen from now on) and activate it."""
+        """Put a fresh module of `spec` on the backbones (frozen from now on); `own` is left as it is."""
         source = Path(self.source)
         base = {
             "source": str(source.resolve()) if source.exists() else self.source,
@@ -224,8 +252,8 @@ class DenseEncoder(torch.nn.Module):
         return module
 
     def load_module(self, folder: str | Path) -> EncoderModule:
-        """Put the module saved in `folder` on the backbones and activate it; refused when it was
-        trained on other base weights, or when a module of its name with other weights is on them."""
+        """Put the module saved in `folder` on the backbones (`own` is left as it is); refused when it
+        was trained on other base weights, or when a module of its name with other weights is on them."""
         module = EncoderModule.load(
             folder, self.query_backbone, self.passage_backbone, self.base_fingerprint()
         )
@@ -240,15 +268,8 @@ class DenseEncoder(torch.nn.Module):
         return module
 
     def attach(self, module: EncoderModule) -> None:
-        """Hold `module` under its name (replacing one of that name) and activate it."""
+        """Hold `module` under its name (replacing one of that name)."""
         self.attached[module.name] = module
-        self.active = module.name
-
-    def activate(self, name: str | None) -> None:
-        """Encode with the module called `name`, or with the base alone (None)."""
-        if name is not None:
-            self.require_module(name)
-        self.active = name
 
     def require_module(self, name: str) -> None:
         """Refuse a name no module on this encoder has."""
@@ -256,10 +277,24 @@ class DenseEncoder(torch.nn.Module):
             held = ", ".join(self.attached) or "none"
             raise KeyError(f"no module called {name!r} on this encoder (it holds: {held})")
 
+    def chosen(self, module: ModuleChoice = OWN) -> str | None:
+        """The name of the module `module` chooses (`OWN`: `own`), refused when none on this encoder has
+        it; None for the base alone."""
+        if module is OWN:
+            return self.own
+        if module is not None:
+            self.require_module(module)  # type: ignore[arg-type]
+        return module  # type: ignore[return-value]
+
+    def module_named(self, module: ModuleChoice = OWN) -> EncoderModule | None:
+        """The module `module` chooses (`OWN`: the encoder's own), if any."""
+        name = self.chosen(module)
+        return None if name is None else self.attached[name]
+
     @property
     def module(self) -> EncoderModule | None:
-        """The active module, if any."""
-        return None if self.active is None else self.attached[self.active]
+        """The encoder's own module (`own`), if any."""
+        return self.module_named(OWN)
 
     @property
     def dimension(self) -> int:
@@ -321,35 +356,36 @@ class DenseEncoder(torch.nn.Module):
             self._prompt_lengths[prefix] = len(ids) - trailing
         return self._prompt_lengths[prefix]
 
-    def computes_only_tokens(self, kind: TextKind) -> bool:
-        """Whether inference on a padded batch of `kind` texts (by the active module, on this device)
-        computes only their tokens where padding is worth skipping, so that padding costs next to
-        nothing: the base alone, a BERT on a CPU (`densekit.models.packed`); training computes every
-        position."""
-        return self.active is None and self._packs(kind)
+    def computes_only_tokens(self, kind: TextKind, module: ModuleChoice = OWN) -> bool:
+        """Whether inference on a padded batch of `kind` texts (with `module`, on this device) computes
+        only their tokens where padding is worth skipping, so that padding costs next to nothing
+        (`densekit.models.padding.packs_on`); training computes every position."""
+        return padding.packs_on(self.backbone(kind), self.device, self.chosen(module))
 
-    def _packs(self, kind: TextKind) -> bool:
-        return self.device.type == "cpu" and packs(self.backbone(kind))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind) -> torch.Tensor:
-        """Vectors for a padded batch of `kind` texts, by the active module."""
-        return self.encode_with(self.active, input_ids, attention_mask, kind)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        kind: TextKind,
+        module: ModuleChoice = OWN,
+    ) -> torch.Tensor:
+        """Vectors for a padded batch of `kind` texts, with `module` (by default the encoder's own)."""
+        return self.encode_with(module, input_ids, attention_mask, kind)
 
     def encode_with(
-        self, module_name: str | None, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind
+        self, module: ModuleChoice, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind
     ) -> torch.Tensor:
-        """Vectors for a padded batch of `kind` texts by the module called `module_name` (None: the base
-        alone), whichever module is active."""
-        if module_name is not None:
-            self.require_module(module_name)
-        module = None if module_name is None else self.attached[module_name]
-        if (module is None and not self.training and not torch.is_grad_enabled() and not _exporting()
-                and self._packs(kind) and worth_packing(attention_mask)):  # fmt: skip
+        """Vectors for a padded batch of `kind` texts with `module` (a name; None: the base alone; `OWN`:
+        the encoder's own module)."""
+        name = self.chosen(module)
+        held = None if name is None else self.attached[name]
+        inferring = not self.training and not torch.is_grad_enabled() and not _exporting()
+        if inferring and self.computes_only_tokens(kind, name) and padding.worth_packing(attention_mask):
             hidden = packed_hidden(self.backbone(kind), input_ids, attention_mask)
-        elif module is None:
+        elif held is None:
             hidden = self.backbone(kind)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         else:
-            tower = module.query_tower if kind == "query" else module.passage_tower
+            tower = held.query_tower if kind == "query" else held.passage_tower
             hidden = tower(input_ids, attention_mask)
         pooled_mask = attention_mask
         if not self.config.include_prompt and self.config.pooling != "cls" and self.config.prefix(kind):
@@ -357,12 +393,12 @@ class DenseEncoder(torch.nn.Module):
         pooled = pool(hidden, pooled_mask, self.config.pooling)
         return truncated(pooled, self.config.dimensions, self.config.normalize)
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, module: ModuleChoice = OWN) -> None:
         """Save atomically: safetensors, `densekit.json`, and sentence-transformers files when tied; with a
-        module active, the module's folder (which names this base) instead.
+        `module` (by default the encoder's own), the module's folder (which names this base) instead.
 
         `path` must be new, empty or a folder of the same kind densekit saved (which is replaced)."""
-        module = self.module
+        module = self.module_named(module)
         if module is not None:
             if module.base["fingerprint"] != self.base_fingerprint():
                 raise ModuleError(
@@ -371,7 +407,7 @@ class DenseEncoder(torch.nn.Module):
                 )
             module.save(path, self.config.model_dump())
             return
-        with artefact_dir(path, MODEL_KIND, self.identity(), {"source": self.source}) as tmp:
+        with artefact_dir(path, MODEL_KIND, self.identity(None), {"source": self.source}) as tmp:
             if self.config.tied:
                 self.query_backbone.save_pretrained(tmp, safe_serialization=True)
                 write_st_files(tmp, self.config, self.width)

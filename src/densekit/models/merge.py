@@ -7,16 +7,17 @@ from __future__ import annotations
 import copy
 
 from densekit.errors import InputError
-from densekit.models.encoder import DenseEncoder
+from densekit.models.encoder import DenseEncoder, ModuleChoice
 from densekit.models.modules.kind import MODULE_KINDS, kind_of
 
 
-def merged_encoder(encoder: DenseEncoder) -> DenseEncoder:
-    """A standalone encoder whose weights are the base's with the active module folded in; `encoder`
-    and its base are left as they are."""
-    module = encoder.module
-    if module is None:
-        raise InputError("no module is active: there is nothing to merge")
+def merged_encoder(encoder: DenseEncoder, module: ModuleChoice) -> DenseEncoder:
+    """A standalone encoder whose weights are the base's with `module` (a name on `encoder`, or `OWN`:
+    its own) folded in; `encoder` and its base are left as they are."""
+    held = encoder.module_named(module)
+    if held is None:
+        raise InputError("no module is given: there is nothing to merge")
+    module = held
     kind = kind_of(module.spec)
     if not kind.mergeable:
         folding = ", ".join(name for name, other in MODULE_KINDS.items() if other.mergeable)

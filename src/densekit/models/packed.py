@@ -43,18 +43,6 @@ class _Group:
     keys: torch.Tensor
 
 
-# The share of a batch's positions that must be padding for packing to pay: measured with
-# all-MiniLM-L6-v2 on SciFact, packing cost more where there is next to none (sorted passages near 256
-# tokens: 4% more; a lone query: 15.1 to 15.5 ms of CPU against 14.1 to 14.5, alternating in process).
-PACK_ABOVE_PADDING = 0.1
-
-
-def worth_packing(attention_mask: torch.Tensor) -> bool:
-    """Whether `packed_hidden` costs less than transformers' forward pass over every position of this
-    padded batch: more than `PACK_ABOVE_PADDING` of its positions are padding."""
-    return float(attention_mask.sum()) < (1 - PACK_ABOVE_PADDING) * attention_mask.numel()
-
-
 def packs(backbone: torch.nn.Module) -> bool:
     """Whether `packed_hidden` computes `backbone`'s inference: a plain transformers `BertModel` (not a
     subclass), an encoder without cross-attention, with absolute positions. Relative ones

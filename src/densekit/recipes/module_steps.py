@@ -88,8 +88,7 @@ class AverageStep(Step):
         """Write the averaged module's folder."""
         encoder = _load_modules(self.modules)
         average_modules(encoder, list(self.modules), self.weights, self.name)
-        encoder.activate(self.name)
-        encoder.save(self.output)
+        encoder.save(self.output, module=self.name)
 
 
 class GenerateStep(Step):
@@ -107,8 +106,7 @@ class GenerateStep(Step):
         """Write the domain's module folder."""
         network = LoraHypernetwork.load(self.hypernetwork)
         network.module_for(self.domain)
-        network.encoder.activate(self.domain)
-        network.encoder.save(self.output)
+        network.encoder.save(self.output, module=self.domain)
 
 
 class BenchmarkStep(Step):

@@ -7,7 +7,7 @@ import logging
 from densekit.data.dataset import Dataset
 from densekit.errors import InputError
 from densekit.index.base import SearchIndex
-from densekit.models.encoder import DenseEncoder
+from densekit.models.encoder import OWN, DenseEncoder, ModuleChoice
 
 log = logging.getLogger("densekit")
 
@@ -16,9 +16,12 @@ log = logging.getLogger("densekit")
 _PASSAGE_SETTINGS = ("pooling", "normalize", "passage_max_length", "passage_prefix", "tied", "dimensions")
 
 
-def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset | None = None) -> None:
-    """Fail when `encoder` cannot search `index`: another dimension, or, for a saved index, other
-    weights or passage settings than those that made it, or (given `dataset`) another corpus."""
+def check_compatible(
+    encoder: DenseEncoder, index: SearchIndex, dataset: Dataset | None = None, module: ModuleChoice = OWN
+) -> None:
+    """Fail when `encoder` with `module` cannot search `index`: another dimension, or, for a saved
+    index, other weights or passage settings than those that made it, or (given `dataset`) another
+    corpus."""
     if encoder.dimension != index.dimension:
         cut = f" (--dimensions {encoder.config.dimensions})" if encoder.config.dimensions else ""
         if index.dimension > encoder.width:
@@ -32,17 +35,19 @@ def check_compatible(encoder: DenseEncoder, index: SearchIndex, dataset: Dataset
             f"{index.dimension}-dimensional ones: {fix}"
         )
     if index.identity is not None:
-        check_passages_made_by(encoder, index.identity["embeddings"], f"{index.folder} was built", dataset)
+        check_passages_made_by(encoder, index.identity["embeddings"], f"{index.folder} was built", dataset,
+                               module)  # fmt: skip
 
 
 def check_passages_made_by(
-    encoder: DenseEncoder, made: dict, what: str, dataset: Dataset | None = None
+    encoder: DenseEncoder, made: dict, what: str, dataset: Dataset | None = None, module: ModuleChoice = OWN
 ) -> None:
-    """Fail unless the embeddings whose identity is `made` hold the passages `encoder` makes: the same
+    """Fail unless the embeddings whose identity is `made` hold the passages `encoder` makes with
+    `module` (by default its own): the same
     weights on the passage side (its module, if any) and passage settings, and (given `dataset`) its
     corpus. `what` begins each message ("runs/index was built")."""
-    if made["model"]["weights"] != encoder.passage_fingerprint():
-        made_with, used = made["model"].get("module"), encoder.passage_module
+    if made["model"]["weights"] != encoder.passage_fingerprint(module):
+        made_with, used = made["model"].get("module"), encoder.passage_module(module)
         if made_with != used:
             raise InputError(
                 f"{what} with {_module_words(made_with)}, and this encoder encodes "

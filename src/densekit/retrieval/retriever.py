@@ -17,10 +17,10 @@ from densekit.data.dataset import Dataset
 from densekit.data.records import Document, Run
 from densekit.device import Precision
 from densekit.encoding.embed import embed_texts, embed_tokens
-from densekit.errors import DensekitError, InputError, StateError
+from densekit.errors import DensekitError, InputError
 from densekit.index.base import SearchIndex
 from densekit.models.config import EncoderOptions
-from densekit.models.encoder import DenseEncoder
+from densekit.models.encoder import OWN, DenseEncoder, ModuleChoice
 from densekit.progress import progress_bar
 from densekit.retrieval.dense import check_compatible
 from densekit.retrieval.documents import DocumentStore, DocumentsUnavailable
@@ -70,9 +70,9 @@ class _MappedFile:
 
 class Retriever:
     """Ranked documents for queries. Safe to call from several threads at once when the encoder is in
-    inference mode (`open` puts it there): nothing shared changes per call. The index must have been made
-    by the encoder with the module active now (by the base, for a query-only module); switching modules
-    afterwards is an error at search time."""
+    inference mode (`open` puts it there): nothing shared changes per call. The retriever encodes with
+    `module` (by default the encoder's own), whose index it must be (the base's, for a query-only
+    module); several retrievers may share one encoder, each with its own module."""
 
     def __init__(
         self,
@@ -81,13 +81,15 @@ class Retriever:
         documents: DocumentStore | None = None,
         dataset: Dataset | None = None,
         route: Route | None = None,
+        module: ModuleChoice = OWN,
     ):
-        if route is not None and (route.encoder is not encoder or encoder.active is not None):
+        name = encoder.chosen(module)
+        if route is not None and (route.encoder is not encoder or name is not None):
             raise InputError("a route searches an index of the base's passages: give its own encoder, with "
-                             "no module active")  # fmt: skip
-        check_compatible(encoder, index, dataset)
+                             "no module")  # fmt: skip
+        check_compatible(encoder, index, dataset, name)
         self.encoder = encoder
-        self.module = encoder.active
+        self.module = name
         self.route = route
         self.index = index
         self.documents = documents
@@ -125,8 +127,9 @@ class Retriever:
         show_progress: bool = False,
         route: Route | None = None,
         mmap_index: bool = False,
+        module: ModuleChoice = OWN,
     ) -> Retriever:
-        """A retriever of `encoder`, as it is now (its active module), or of `route` on it, over a saved
+        """A retriever of `encoder` with `module` (by default its own), or of `route` on it, over a saved
         index and the documents of `corpus`; several may share one encoder, each with its own module
         (`serve`)."""
         from densekit.retrieval.documents import open_document_store, store_path
@@ -135,9 +138,9 @@ class Retriever:
         dataset = Dataset.open(corpus) if corpus is not None else None
         documents = None
         if dataset is not None:
-            check_compatible(encoder, index, dataset)  # before building a store of the wrong corpus
+            check_compatible(encoder, index, dataset, module)  # before building a store of the wrong corpus
             documents = open_document_store(dataset, store_path(index_dir), show_progress)
-        return cls(encoder, index, documents, dataset, route)
+        return cls(encoder, index, documents, dataset, route, module)
 
     def encode_queries(
         self,
@@ -150,20 +153,19 @@ class Retriever:
     ) -> np.ndarray:
         """The query vectors of `texts`, in their order; with a route, routed (by `domains`, one per text,
         for a fixed route). `token_ids`, the texts' `encoder.tokenize(texts, "query")` where the caller
-        has it already, spares tokenizing them again (a route tokenizes for itself)."""
+        has it already, spares tokenizing them again."""
         if self.route is not None:
-            return self.route.encode_queries(texts, domains, batch_size, precision)
+            return self.route.encode_queries(texts, domains, batch_size, precision, token_ids)
         if domains is not None:
             raise InputError("domains choose modules only through a route")
-        if self.encoder.active != self.module:
-            raise StateError(
-                f"module {self.encoder.active!r} is active; this retriever was made with {self.module!r}: "
-                "make a retriever for the index of that module"
-            )
         with progress_bar("encoding queries", len(texts), show_progress) as advance:
             if token_ids is None:
-                return embed_texts(self.encoder, texts, "query", batch_size, precision, advance)
-            return embed_tokens(self.encoder, token_ids, "query", batch_size, precision, advance)
+                return embed_texts(
+                    self.encoder, texts, "query", batch_size, precision, advance, module=self.module
+                )
+            return embed_tokens(
+                self.encoder, token_ids, "query", batch_size, precision, advance, module=self.module
+            )
 
     def search_run(
         self,

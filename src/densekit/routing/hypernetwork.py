@@ -65,9 +65,7 @@ class LoraHypernetwork(torch.nn.Module):
         super().__init__()
         if spec.lora.towers != "query":
             raise InputError("a hypernetwork generates query-only modules: set lora.towers to query")
-        active = encoder.active
         template = encoder.new_module(spec.lora.model_copy(update={"name": TEMPLATE}))
-        encoder.activate(active)
         for parameter in template.parameters():
             parameter.requires_grad_(False)
         self.encoder = encoder
@@ -120,25 +118,23 @@ class LoraHypernetwork(torch.nn.Module):
         """Query vectors of a padded batch with the module generated from `embedding`."""
         prefix = f"attached.{TEMPLATE}.query_tower."
         weights = {prefix + name: tensor for name, tensor in self.generate(embedding).items()}
-        active, self.encoder.active = self.encoder.active, TEMPLATE
-        try:
-            return functional_call(
-                self.encoder, weights, (input_ids, attention_mask, "query"), tie_weights=False
-            )
-        finally:
-            self.encoder.active = active
+        return functional_call(
+            self.encoder,
+            weights,
+            (input_ids, attention_mask, "query"),
+            {"module": TEMPLATE},
+            tie_weights=False,
+        )
 
     def module_for(self, domain: str, embedding: torch.Tensor | None = None) -> EncoderModule:
         """An ordinary module, named `domain`, holding the weights generated for it (from `embedding`,
-        or the learned one); put on the encoder, the active module left as it was."""
+        or the learned one); put on the encoder, its own module left as it was."""
         embedding = self.embedding(domain) if embedding is None else embedding
         try:
             spec = LoraSpec.model_validate({**self.spec.lora.model_dump(), "name": domain})
         except ValidationError as err:
             raise InputError(f"domain {domain!r} cannot name a module: {err.errors()[0]['msg']}") from None
-        active = self.encoder.active
         module = self.encoder.new_module(spec)
-        self.encoder.active = active
         with torch.no_grad():
             own = module.query_tower.own_parameters()
             for name, tensor in self.generate(embedding).items():

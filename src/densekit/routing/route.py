@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from densekit.device import Precision
 from densekit.diagnostics import DataError, Problem
-from densekit.encoding.embed import embed_texts
+from densekit.encoding.embed import embed_texts, embed_tokens
 from densekit.errors import InputError
 from densekit.io.artefact import artefact_dir, verify
 from densekit.io.model_card import write_model_card
@@ -69,18 +69,18 @@ class RouteFile(BaseModel):
 
 
 def load_modules(folders: Sequence[str | Path]) -> tuple[DenseEncoder, list[str]]:
-    """The base the first module folder names, with every module on it and none active, and their
+    """The base the first module folder names, with every module on it and none its own, and their
     names in order; two modules of one name are an error."""
     if len(folders) < 1:
         raise InputError("give at least one module folder")
     encoder = DenseEncoder.load(folders[0])
-    names = [encoder.active]
+    names = [encoder.own]
+    encoder.own = None
     for folder in folders[1:]:
         name = encoder.load_module(folder).name
         if name in names:
             raise InputError(f"{folder}: a module called {name!r} is given twice")
         names.append(name)
-    encoder.activate(None)
     return encoder, names
 
 
@@ -131,9 +131,11 @@ class Route(torch.nn.Module):
         domains: Sequence[str | None] | None = None,
         batch_size: int = 64,
         precision: Precision = "float32",
+        token_ids: list[list[int]] | None = None,
     ) -> np.ndarray:
         """Routed vectors of `texts` in their order (`domains`, one per text, for a fixed route), under
-        torch's `precision`."""
+        torch's `precision`; `token_ids`, the texts' `encoder.tokenize(texts, "query")` where the caller
+        has it already, spares tokenizing them again."""
         if domains is not None and not self.strategy.takes_domains:
             raise InputError(
                 f"a {self.spec.type} route chooses its modules itself; domains apply to a fixed one"
@@ -145,7 +147,9 @@ class Route(torch.nn.Module):
             chosen = None if domains is None else [domains[int(i)] for i in rows]
             return self(input_ids, attention_mask, chosen)
 
-        return embed_texts(self.encoder, texts, "query", batch_size, precision, encode=encode)
+        if token_ids is None:
+            return embed_texts(self.encoder, texts, "query", batch_size, precision, encode=encode)
+        return embed_tokens(self.encoder, token_ids, "query", batch_size, precision, encode=encode)
 
     def fingerprint(self) -> str:
         """A digest of the spec, the base, the modules' weights and the router's."""
@@ -201,7 +205,6 @@ class Route(torch.nn.Module):
             if module.name != name or module.fingerprint() != saved.fingerprint:
                 raise InputError(f"{folder}: module {name!r} ({module_folder}) changed since the route "
                                  "was made")  # fmt: skip
-        encoder.activate(None)
         router = spec.strategy.new_router(spec, encoder.dimension)
         if router is not None:
             _load_router(router, folder / ROUTER_WEIGHTS)

@@ -9,7 +9,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
@@ -86,40 +86,20 @@ def default_workers(retriever: Retriever) -> int:
     return 2 if on_cpu and torch.get_num_threads() >= 2 else 1
 
 
-class _EncoderUse:
-    """Which module each encoder encodes with, for workers encoding at once: a worker waits while
-    another uses the same encoder with another module (`encoder.activate` changes it for every caller),
-    and a route, which switches modules itself, uses its encoder alone. Tokenising is one worker at a
-    time per encoder: a fast tokenizer refuses a call ("Already borrowed") while another thread's call
-    holds it with other settings (queries and passages are truncated to different lengths)."""
+class _TokenizerLocks:
+    """One lock per encoder, under which its texts are tokenized, one worker at a time: a fast tokenizer
+    refuses a call ("Already borrowed") while another thread's call holds it with other settings
+    (queries and passages are truncated to different lengths). Encoding needs no lock: each retriever
+    passes its module down (`module=`), so workers encode with different modules of one encoder at once."""
 
     def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._users: dict[int, tuple[object, int]] = {}  # id(encoder) -> (module in use, workers using it)
-        self._tokenizing: dict[int, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self._locks: dict[int, threading.Lock] = {}
 
-    @contextlib.contextmanager
-    def using(self, retriever: Retriever) -> Iterator[None]:
-        """Hold `retriever`'s encoder with its module active for the block."""
-        key = id(retriever.encoder)
-        wanted: object = object() if retriever.route is not None else retriever.module  # a route: alone
-        with self._changed:
-            self._changed.wait_for(lambda: self._users.get(key, (wanted, 0))[1] == 0
-                                   or self._users[key][0] == wanted)  # fmt: skip
-            self._users[key] = (wanted, self._users.get(key, (wanted, 0))[1] + 1)
-            retriever.encoder.activate(retriever.module)
-        try:
-            yield
-        finally:
-            with self._changed:
-                module, users = self._users[key]
-                self._users[key] = (module, users - 1)
-                self._changed.notify_all()
-
-    def tokenizing(self, retriever: Retriever) -> threading.Lock:
+    def of(self, retriever: Retriever) -> threading.Lock:
         """The lock under which `retriever`'s encoder tokenizes."""
-        with self._changed:
-            return self._tokenizing.setdefault(id(retriever.encoder), threading.Lock())
+        with self._guard:
+            return self._locks.setdefault(id(retriever.encoder), threading.Lock())
 
 
 class MicroBatcher:
@@ -146,8 +126,8 @@ class MicroBatcher:
     batches of 16 alternate, one encoded while the other's answers are written and its next requests
     parsed); a batch of one request with no other being encoded (a client alone) runs on all `threads`
     compute threads, every other on its worker's share of them. Retrievers sharing one encoder with
-    different modules (`serve --module-index`) are safe: a worker activates each module before encoding
-    its texts, and waits while another worker encodes with another module of the same encoder."""
+    different modules (`serve --module-index`) are safe: each encodes with its own module, passed down,
+    and tokenizes under its encoder's lock (`_TokenizerLocks`)."""
 
     def __init__(
         self,
@@ -185,7 +165,7 @@ class MicroBatcher:
         self._tasks: list[asyncio.Task] = []
         self._threads: list[ThreadPoolExecutor] = []
         self._busy = True  # whether the last batch held several requests (before the first: assumed)
-        self._encoder_use = _EncoderUse()
+        self._tokenizer_locks = _TokenizerLocks()
         self._counting = threading.Lock()
         self._encoding = 0  # batches being encoded now
         self._in_flight_seen: deque[int] = deque([0], maxlen=2 * workers)  # as the last batches were gathered
@@ -371,8 +351,7 @@ class MicroBatcher:
         for (_, job), numbers in groups.items():
             retriever = batch[numbers[0]].retriever
             texts = [text for n in numbers for text in batch[n].texts]
-            with self._encoder_use.using(retriever):
-                vectors, lengths = self._encode(retriever, job, texts, [batch[n] for n in numbers])
+            vectors, lengths = self._encode(retriever, job, texts, [batch[n] for n in numbers])
             with self._counting:
                 self.batches += 1
             rows: dict[int, slice] = {}
@@ -393,13 +372,11 @@ class MicroBatcher:
         """The vectors of `texts` and, for embeddings, the tokens each took (none for a search): the
         texts are tokenized once, for both."""
         routed = retriever.route is not None
-        token_ids = None
-        if not (routed and job in ("search", "query")):
-            with self._encoder_use.tokenizing(retriever):
-                token_ids = retriever.encoder.tokenize(texts, "passage" if job == "passage" else "query")
+        with self._tokenizer_locks.of(retriever):
+            token_ids = retriever.encoder.tokenize(texts, "passage" if job == "passage" else "query")
         if job == "passage":  # a route's passages are the base's, as its index's are
-            assert token_ids is not None
-            vectors = embed_tokens(retriever.encoder, token_ids, "passage", self.encode_batch, self.precision)
+            vectors = embed_tokens(retriever.encoder, token_ids, "passage", self.encode_batch, self.precision,
+                                   module=retriever.module)  # fmt: skip
         else:
             domains = None
             if routed and retriever.route.strategy.takes_domains:  # type: ignore[union-attr]
@@ -408,8 +385,6 @@ class MicroBatcher:
                                                domains=domains, token_ids=token_ids)  # fmt: skip
         if job == "search":
             return vectors, []
-        if token_ids is None:  # a route's queries: it tokenized them for itself
-            token_ids = retriever.encoder.tokenize(texts, "query")
         return vectors, [len(ids) for ids in token_ids]
 
 

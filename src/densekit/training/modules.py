@@ -21,7 +21,7 @@ log = logging.getLogger("densekit")
 
 
 def prepare_module(encoder: DenseEncoder, spec: Any, task: Any) -> EncoderModule:
-    """Put the module `spec` describes on `encoder`, active and the only thing that trains, and say how
+    """Put the module `spec` describes on `encoder`, as its own and the only thing that trains, and say how
     much trains. A module loaded with the model (a module folder as `model.path`) continues training
     when it is the one `spec` describes; a kind that chooses its positions from gradients (a sparse
     difference) chooses them from the first `selection_batches` batches of `task`."""
@@ -38,6 +38,7 @@ def prepare_module(encoder: DenseEncoder, spec: Any, task: Any) -> EncoderModule
         kind = kind_of(spec)
         indices = _choose_positions(encoder, kind, spec, task) if kind.positions_from_gradients else None
         module = encoder.new_module(spec, indices)
+        encoder.own = module.name  # what trains is the encoder with this module: every forward pass uses it
     trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
     backbones = {*encoder.query_backbone.parameters(), *encoder.passage_backbone.parameters()}
     base = sum(p.numel() for p in backbones)
@@ -89,12 +90,12 @@ def _choose_positions(
 
 def prepare_route(encoder: DenseEncoder, section: RouteSection) -> Route:
     """Load the modules `section` names onto `encoder` and put a fresh router over them, the only thing
-    that trains (the base and the modules are frozen); no module is active."""
+    that trains (the base and the modules are frozen); the encoder is the base alone (`own` None)."""
     for name, folder in section.modules.items():
         module = encoder.load_module(folder)
         if module.name != name:
             raise InputError(f"route.modules.{name}: {folder} holds module {module.name!r}, not {name!r}")
-    encoder.activate(None)
+    encoder.own = None
     for parameter in encoder.parameters():
         parameter.requires_grad_(False)
     spec = section.spec()

@@ -62,7 +62,7 @@ class BaseSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("module", description="the name the encoder activates it by")
+    name: str = Field("module", description="the name the encoder knows it by (module=)")
     towers: Towers = Field(
         "shared",
         description="shared: one module for queries and passages; separate: one each; query: queries only, "
@@ -156,9 +156,7 @@ class ModuleKind(ABC):
         None for a kind without positions."""
         return None
 
-    def average(
-        self, encoder: Any, sources: list[Any], weights: list[float], specs: list[Any]
-    ) -> Any:
+    def average(self, encoder: Any, sources: list[Any], weights: list[float], specs: list[Any]) -> Any:
         """Put on `encoder` (a `DenseEncoder`) a module of `specs[0]` (the sources' spec, renamed) whose
         every tensor is the `weights`-weighted average of the `sources`' (`EncoderModule`s of this kind
         with the same settings), and return it."""

@@ -80,7 +80,7 @@ class EncoderModule(torch.nn.Module):
 
     @property
     def name(self) -> str:
-        """The name the encoder activates it by."""
+        """The name the encoder knows it by (`module=`)."""
         return self.spec.name
 
     @classmethod
