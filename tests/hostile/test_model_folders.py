@@ -83,6 +83,7 @@ def put_module(encoder: DenseEncoder, spec: dict, seed: int = 0):
                   for n, w in sparse_targets(encoder.query_backbone, spec).items()}  # fmt: skip
         indices = {"query": choose_sparse_indices(scores, spec.density)}
     module = encoder.new_module(spec, indices)
+    encoder.own = module.name  # saved with the model as its own
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for tower in module.towers().values():
