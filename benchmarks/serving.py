@@ -293,7 +293,7 @@ def _model_alone(retriever: Retriever, queries: list[str], batch: int) -> dict:
     with torch.inference_mode():
         for first in range(0, len(order), batch):
             inputs = encoder.pad([token_ids[i] for i in order[first : first + batch]])
-            encoder(inputs["input_ids"], inputs["attention_mask"], kind="query")
+            encoder(inputs["input_ids"], inputs["attention_mask"], side="query")
     batched_wall, batched_cpu = time.perf_counter() - start, time.process_time() - cpu
     cpu, start = time.process_time(), time.perf_counter()
     embed_texts(encoder, queries, "query", batch)

@@ -120,7 +120,7 @@ def test_the_packing_decision_comes_from_one_function(encoder: DenseEncoder, mon
             monkeypatch.setattr(padding, "worth_packing", lambda mask, worth=worth: worth)
             whole_passes.clear()
             with torch.inference_mode():
-                encoder(inputs["input_ids"], inputs["attention_mask"], kind="query")
+                encoder(inputs["input_ids"], inputs["attention_mask"], side="query")
             assert len(whole_passes) == whole, worth
     finally:
         hook.remove()

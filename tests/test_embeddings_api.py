@@ -199,7 +199,7 @@ def test_densekits_client_searches_and_embeds_as_the_retriever_does(service: str
     with Client(service, TOKEN) as densekit_client:
         assert densekit_client.health()
         hits = densekit_client.search(texts, k=3)
-        vectors = densekit_client.embed(texts[:2], kind="query")
+        vectors = densekit_client.embed(texts[:2], side="query")
         document = densekit_client.document("d4")
         with pytest.raises(ServiceError, match="404: no document 'nowhere'"):
             densekit_client.document("nowhere")

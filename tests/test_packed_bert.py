@@ -56,9 +56,9 @@ def test_the_encoders_vectors_in_inference_are_those_of_the_padded_forward_pass(
     hook = encoder.backbone("query").register_forward_hook(lambda *_: whole_passes.append(1))
     try:
         with torch.inference_mode():
-            packed = encoder(inputs["input_ids"], inputs["attention_mask"], kind="query")
+            packed = encoder(inputs["input_ids"], inputs["attention_mask"], side="query")
         assert not whole_passes
-        padded = encoder(inputs["input_ids"], inputs["attention_mask"], kind="query").detach()  # autograd
+        padded = encoder(inputs["input_ids"], inputs["attention_mask"], side="query").detach()  # autograd
         assert whole_passes
     finally:
         hook.remove()
@@ -92,7 +92,7 @@ def test_a_batch_without_padding_runs_transformers_own_pass(encoder: DenseEncode
     encoder.eval()
     try:
         with torch.inference_mode():
-            encoder(inputs["input_ids"], inputs["attention_mask"], kind="query")
+            encoder(inputs["input_ids"], inputs["attention_mask"], side="query")
     finally:
         hook.remove()
     assert whole_passes  # packing would only add its gathers
@@ -126,9 +126,9 @@ def test_inference_gives_transformers_vectors_whatever_the_bert_config(
     encoder = DenseEncoder.load(tmp_path, pooling="mean").eval()
     inputs = encoder.pad(encoder.tokenize(TEXTS, "query"))
     with torch.inference_mode():  # inference: packed where densekit packs this BERT
-        inferred = encoder(inputs["input_ids"], inputs["attention_mask"], kind="query")
+        inferred = encoder(inputs["input_ids"], inputs["attention_mask"], side="query")
         theirs = encoder.backbone("query")(**inputs).last_hidden_state
-    padded = encoder(inputs["input_ids"], inputs["attention_mask"], kind="query").detach()  # autograd
+    padded = encoder(inputs["input_ids"], inputs["attention_mask"], side="query").detach()  # autograd
     mask = inputs["attention_mask"].unsqueeze(-1).float()
     torch.testing.assert_close(padded, (theirs * mask).sum(1) / mask.sum(1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(inferred, padded, atol=1e-5, rtol=1e-5)

@@ -119,9 +119,9 @@ def test_embeddings_tokenise_each_input_once(retriever: Retriever, monkeypatch):
     calls: list[int] = []
     tokenize = retriever.encoder.tokenize
 
-    def counted(texts: list[str], kind):
+    def counted(texts: list[str], side):
         calls.append(len(texts))
-        return tokenize(texts, kind)
+        return tokenize(texts, side)
 
     monkeypatch.setattr(retriever.encoder, "tokenize", counted)
     model = f"{retriever.encoder.source}:query"

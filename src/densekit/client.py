@@ -127,7 +127,7 @@ class Client:
     def embed(
         self,
         texts: list[str],
-        kind: Literal["query", "passage"] = "passage",
+        side: Literal["query", "passage"] = "passage",
         model: str | None = None,
         domain: str | None = None,
     ) -> np.ndarray:
@@ -141,7 +141,7 @@ class Client:
                     raise ServiceError(200, "/info names no embedding models", f"{self.url}/info")
                 self._model = models[0]
             model = self._model
-        name = f"{model}:{kind}" + (f"@{domain}" if domain is not None else "")
+        name = f"{model}:{side}" + (f"@{domain}" if domain is not None else "")
         body = {"input": texts, "model": name, "encoding_format": "base64"}
         answer = self._shaped(_EmbeddingsAnswer, self._call("POST", "/v1/embeddings", body), "/v1/embeddings")
         return _vectors(answer, len(texts), f"{self.url}/v1/embeddings")

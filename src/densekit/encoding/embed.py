@@ -11,7 +11,7 @@ from densekit.device import Precision
 from densekit.errors import InputError, StateError
 from densekit.inference import infer_in_batches
 from densekit.models import padding
-from densekit.models.config import TextKind
+from densekit.models.config import TextSide
 from densekit.models.encoder import OWN, DenseEncoder, ModuleChoice
 
 # (input_ids, attention_mask, the batch's rows among the texts) -> vectors
@@ -21,7 +21,7 @@ BatchEncoder = Callable[[torch.Tensor, torch.Tensor, np.ndarray], torch.Tensor]
 def embed_texts(
     encoder: DenseEncoder,
     texts: list[str],
-    kind: TextKind,
+    side: TextSide,
     batch_size: int = 64,
     precision: Precision = "float32",
     advance: Callable[[int], None] | None = None,
@@ -38,21 +38,21 @@ def embed_texts(
     `module`; `precision` is then torch's float32.
     """
     _check_batch_size(batch_size)
-    token_ids = encoder.tokenize(texts, kind) if texts else []
-    return embed_tokens(encoder, token_ids, kind, batch_size, precision, advance, encode, module)
+    token_ids = encoder.tokenize(texts, side) if texts else []
+    return embed_tokens(encoder, token_ids, side, batch_size, precision, advance, encode, module)
 
 
 def embed_tokens(
     encoder: DenseEncoder,
     token_ids: list[list[int]],
-    kind: TextKind,
+    side: TextSide,
     batch_size: int = 64,
     precision: Precision = "float32",
     advance: Callable[[int], None] | None = None,
     encode: BatchEncoder | None = None,
     module: ModuleChoice = OWN,
 ) -> np.ndarray:
-    """`embed_texts` of texts already tokenized by `encoder.tokenize(texts, kind)`, for a caller that
+    """`embed_texts` of texts already tokenized by `encoder.tokenize(texts, side)`, for a caller that
     needs the token ids too (the service counts them), so that texts are tokenized once."""
     _check_batch_size(batch_size)
     name = encoder.chosen(module)
@@ -76,9 +76,9 @@ def embed_tokens(
         inputs = encoder.pad([token_ids[i] for i in rows])
         input_ids, attention_mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
         if runtime is not None:
-            vectors = runtime(input_ids, attention_mask, kind)
+            vectors = runtime(input_ids, attention_mask, side)
         elif encode is None:
-            vectors = encoder(input_ids, attention_mask, kind=kind, module=name)
+            vectors = encoder(input_ids, attention_mask, side=side, module=name)
         else:
             vectors = encode(input_ids, attention_mask, rows)
         output[rows] = vectors.float().cpu().numpy()
@@ -86,7 +86,7 @@ def embed_tokens(
             advance(len(rows))
 
     computes_padding = (
-        runtime is not None or encode is not None or not encoder.computes_only_tokens(kind, name)
+        runtime is not None or encode is not None or not encoder.computes_only_tokens(side, name)
     )
     lengths = [len(ids) for ids in token_ids]
     cost = padding.pass_cost(device, computes_padding)

@@ -1,7 +1,7 @@
-"""Inference through ONNX Runtime: an encoder exported per text kind, optionally quantised to int8, and
+"""Inference through ONNX Runtime: an encoder exported per text side, optionally quantised to int8, and
 checked against PyTorch before it is used.
 
-The exported graph is the whole of `DenseEncoder.encode_with` for one kind (backbone, the module,
+The exported graph is the whole of `DenseEncoder.encode_with` for one side (backbone, the module,
 pooling, normalisation), so what runs is what PyTorch computes, less floating-point order. It is
 exported to a temporary folder and held in memory: nothing is cached on disk, so no export can outlive
 the weights it was made from. Export uses torch's TorchScript-based exporter (the dynamo exporter does
@@ -25,7 +25,7 @@ import torch
 
 from densekit.device import Precision
 from densekit.errors import DensekitError, InputError, SettingError
-from densekit.models.config import TextKind
+from densekit.models.config import TextSide
 from densekit.models.encoder import OWN, DenseEncoder, ModuleChoice
 
 log = logging.getLogger("densekit")
@@ -67,29 +67,29 @@ def use_backend(
     encoder: DenseEncoder,
     backend: str,
     precision: str,
-    kinds: Iterable[TextKind] = ("query", "passage"),
+    sides: Iterable[TextSide] = ("query", "passage"),
     module: ModuleChoice = OWN,
 ) -> Precision:
-    """Make `encoder` encode `kinds` texts with `module` through `backend` (torch or onnx) at
+    """Make `encoder` encode `sides` texts with `module` through `backend` (torch or onnx) at
     `precision`, and return `torch_precision(backend, precision)`."""
     autocast_precision = torch_precision(backend, precision)
-    encoder.runtime = export_encoder(encoder, precision, kinds, module) if backend == "onnx" else None
+    encoder.runtime = export_encoder(encoder, precision, sides, module) if backend == "onnx" else None
     return autocast_precision
 
 
-class _KindForward(torch.nn.Module):
-    """`encoder.encode_with(module, ..., kind)` as a module of two inputs, for the exporter."""
+class _SideForward(torch.nn.Module):
+    """`encoder.encode_with(module, ..., side)` as a module of two inputs, for the exporter."""
 
-    def __init__(self, encoder: DenseEncoder, kind: TextKind, module: str | None):
+    def __init__(self, encoder: DenseEncoder, side: TextSide, module: str | None):
         super().__init__()
-        self.encoder, self.kind, self.module = encoder, kind, module
+        self.encoder, self.side, self.module = encoder, side, module
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.encoder.encode_with(self.module, input_ids, attention_mask, self.kind)
+        return self.encoder.encode_with(self.module, input_ids, attention_mask, self.side)
 
 
 class OnnxEncoder:
-    """ONNX Runtime sessions that encode one or both text kinds as the encoder, with the module it was
+    """ONNX Runtime sessions that encode one or both text sides as the encoder, with the module it was
     exported with, does; call it like `DenseEncoder.encode_with`'s batch part."""
 
     def __init__(self, sessions: dict[str, object], precision: str, module: str | None):
@@ -97,15 +97,15 @@ class OnnxEncoder:
         self.precision = precision
         self.module = module
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind) -> torch.Tensor:
-        """Vectors for a padded batch of `kind` texts."""
-        if kind not in self.sessions:
-            raise InputError(f"this ONNX export encodes {' and '.join(self.sessions)} texts, not {kind} ones")
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, side: TextSide) -> torch.Tensor:
+        """Vectors for a padded batch of `side` texts."""
+        if side not in self.sessions:
+            raise InputError(f"this ONNX export encodes {' and '.join(self.sessions)} texts, not {side} ones")
         feeds = {
             "input_ids": input_ids.cpu().numpy().astype(np.int64, copy=False),
             "attention_mask": attention_mask.cpu().numpy().astype(np.int64, copy=False),
         }
-        (vectors,) = self.sessions[kind].run(None, feeds)  # type: ignore[attr-defined]
+        (vectors,) = self.sessions[side].run(None, feeds)  # type: ignore[attr-defined]
         return torch.from_numpy(vectors)
 
     def check_against(self, encoder: DenseEncoder) -> float:
@@ -115,8 +115,8 @@ class OnnxEncoder:
         was_training = encoder.training
         encoder.eval()  # no dropout in the reference
         try:
-            for kind in self.sessions:
-                least = min(least, self._least_cosine(encoder, kind))
+            for side in self.sessions:
+                least = min(least, self._least_cosine(encoder, side))
         finally:
             encoder.train(was_training)
         if least < MIN_COSINE[self.precision]:
@@ -126,23 +126,23 @@ class OnnxEncoder:
             )
         return least
 
-    def _least_cosine(self, encoder: DenseEncoder, kind: TextKind) -> float:
+    def _least_cosine(self, encoder: DenseEncoder, side: TextSide) -> float:
         """The least cosine between this export's and `encoder`'s vectors of the probe texts."""
         texts = [" ".join((_PROBE * 4).split(" ")[:n]) for n in (2, 9, 40, 100)]
-        batch = encoder.pad(encoder.tokenize(texts, kind))
+        batch = encoder.pad(encoder.tokenize(texts, side))
         with torch.inference_mode():
-            reference = encoder.encode_with(self.module, batch["input_ids"], batch["attention_mask"], kind)
-        exported = self(batch["input_ids"], batch["attention_mask"], kind)
+            reference = encoder.encode_with(self.module, batch["input_ids"], batch["attention_mask"], side)
+        exported = self(batch["input_ids"], batch["attention_mask"], side)
         return float(torch.nn.functional.cosine_similarity(exported, reference.float(), dim=-1).min())
 
 
 def export_encoder(
     encoder: DenseEncoder,
     precision: str,
-    kinds: Iterable[TextKind] = ("query", "passage"),
+    sides: Iterable[TextSide] = ("query", "passage"),
     module: ModuleChoice = OWN,
 ) -> OnnxEncoder:
-    """Export `encoder` with `module` (by default its own) for each of `kinds` to ONNX Runtime at
+    """Export `encoder` with `module` (by default its own) for each of `sides` to ONNX Runtime at
     `precision` (float32 or int8), check the export against PyTorch and return it."""
     name = encoder.chosen(module)
     if precision not in ONNX_PRECISIONS:
@@ -168,9 +168,9 @@ def export_encoder(
     sessions: dict[str, object] = {}
     # a copy's forward hooks (adapters') still call the original's modules: both are frozen while traced
     with tempfile.TemporaryDirectory(prefix="densekit-onnx-") as folder, _frozen(encoder), _frozen(copied):
-        for kind in dict.fromkeys(kinds):
-            path = _export_kind(copied, kind, name, Path(folder), precision)
-            sessions[kind] = onnxruntime.InferenceSession(
+        for side in dict.fromkeys(sides):
+            path = _export_side(copied, side, name, Path(folder), precision)
+            sessions[side] = onnxruntime.InferenceSession(
                 str(path), options, providers=["CPUExecutionProvider"]
             )
     exported = OnnxEncoder(sessions, precision, name)
@@ -180,21 +180,21 @@ def export_encoder(
     return exported
 
 
-def _export_kind(
-    encoder: DenseEncoder, kind: TextKind, module: str | None, folder: Path, precision: str
+def _export_side(
+    encoder: DenseEncoder, side: TextSide, module: str | None, folder: Path, precision: str
 ) -> Path:
-    """The ONNX file of `encoder`'s `kind` side with `module`, fused where the optimizer knows the model
+    """The ONNX file of `encoder`'s `side` with `module`, fused where the optimizer knows the model
     and quantised for int8."""
     import warnings
 
-    target = folder / f"{kind}.onnx"
+    target = folder / f"{side}.onnx"
     dummy = torch.ones((2, 8), dtype=torch.long)
     axes = {0: "batch", 1: "tokens"}
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the exporter's tracer warnings are about Python control flow
             torch.onnx.export(
-                _KindForward(encoder, kind, module),
+                _SideForward(encoder, side, module),
                 (dummy, dummy),
                 str(target),
                 input_names=["input_ids", "attention_mask"],
@@ -206,17 +206,17 @@ def _export_kind(
     except Exception as err:
         named = f" with module {module!r}" if module else ""
         raise ExportError(f"could not export the encoder{named} to ONNX: {err}".splitlines()[0]) from err
-    config = encoder.backbone(kind).config
+    config = encoder.backbone(side).config
     with _quiet_logging():
-        return _optimise(target, folder, kind, precision, config)
+        return _optimise(target, folder, side, precision, config)
 
 
-def _optimise(target: Path, folder: Path, kind: str, precision: str, config: object) -> Path:
+def _optimise(target: Path, folder: Path, side: str, precision: str, config: object) -> Path:
     """`target` fused where onnxruntime's optimizer knows the model, then quantised for int8."""
     if config.model_type in _FUSABLE:  # type: ignore[attr-defined]
         from onnxruntime.transformers.optimizer import optimize_model
 
-        fused = folder / f"{kind}-fused.onnx"
+        fused = folder / f"{side}-fused.onnx"
         optimize_model(
             str(target), model_type="bert", num_heads=config.num_attention_heads,  # type: ignore[attr-defined]
             hidden_size=config.hidden_size,  # type: ignore[attr-defined]
@@ -226,7 +226,7 @@ def _optimise(target: Path, folder: Path, kind: str, precision: str, config: obj
         import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantised = folder / f"{kind}-int8.onnx"
+        quantised = folder / f"{side}-int8.onnx"
         quantize_dynamic(
             str(target), str(quantised), weight_type=QuantType.QInt8, per_channel=True,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},

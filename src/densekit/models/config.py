@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 Pooling = Literal["cls", "mean", "last"]
-TextKind = Literal["query", "passage"]
+TextSide = Literal["query", "passage"]
 
 CONFIG_FILE = "densekit.json"
 
@@ -71,13 +71,13 @@ class EncoderConfig(BaseModel):
                 settings.pop(name, None)
         return settings
 
-    def max_length(self, kind: TextKind) -> int:
-        """The token limit for `kind` texts."""
-        return self.query_max_length if kind == "query" else self.passage_max_length
+    def max_length(self, side: TextSide) -> int:
+        """The token limit for `side` texts."""
+        return self.query_max_length if side == "query" else self.passage_max_length
 
-    def prefix(self, kind: TextKind) -> str:
-        """The text put before every `kind` text."""
-        return self.query_prefix if kind == "query" else self.passage_prefix
+    def prefix(self, side: TextSide) -> str:
+        """The text put before every `side` text."""
+        return self.query_prefix if side == "query" else self.passage_prefix
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from densekit.models.checkpoint_files import (
     load_tokenizer,
     validated_file,
 )
-from densekit.models.config import CONFIG_FILE, EncoderConfig, TextKind
+from densekit.models.config import CONFIG_FILE, EncoderConfig, TextSide
 from densekit.models.dimensions import check_dimensions, truncated
 from densekit.models.fingerprint import tensors_fingerprint, weights_fingerprint
 from densekit.models.hub import locate_model
@@ -59,8 +59,8 @@ class InferenceRuntime(Protocol):
     precision: str
     module: str | None
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind) -> torch.Tensor:
-        """Vectors for a padded batch of `kind` texts."""
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, side: TextSide) -> torch.Tensor:
+        """Vectors for a padded batch of `side` texts."""
         ...
 
 
@@ -311,17 +311,17 @@ class DenseEncoder(torch.nn.Module):
         """Where the weights are."""
         return next(self.query_backbone.parameters()).device
 
-    def backbone(self, kind: TextKind) -> PreTrainedModel:
-        """The tower that encodes `kind` texts."""
-        return self.query_backbone if kind == "query" else self.passage_backbone
+    def backbone(self, side: TextSide) -> PreTrainedModel:
+        """The tower that encodes `side` texts."""
+        return self.query_backbone if side == "query" else self.passage_backbone
 
-    def tokenize(self, texts: list[str], kind: TextKind) -> list[list[int]]:
-        """Token ids of each text with its prefix, truncated to the kind's length, not padded."""
-        prefix = self.config.prefix(kind)
+    def tokenize(self, texts: list[str], side: TextSide) -> list[list[int]]:
+        """Token ids of each text with its prefix, truncated to the side's length, not padded."""
+        prefix = self.config.prefix(side)
         encoded = self.tokenizer(
             [prefix + text for text in texts] if prefix else texts,
             truncation=True,
-            max_length=self.config.max_length(kind),
+            max_length=self.config.max_length(side),
             padding=False,
             return_attention_mask=False,
             return_token_type_ids=False,
@@ -344,10 +344,10 @@ class DenseEncoder(torch.nn.Module):
                 attention_mask[row, : len(seq)] = 1
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
-    def prompt_length(self, kind: TextKind) -> int:
-        """Tokens the `kind` prefix takes at the start of a text (its leading special token included,
+    def prompt_length(self, side: TextSide) -> int:
+        """Tokens the `side` prefix takes at the start of a text (its leading special token included,
         no trailing one), as sentence-transformers counts them; 0 without a prefix."""
-        prefix = self.config.prefix(kind)
+        prefix = self.config.prefix(side)
         if not prefix:
             return 0
         if prefix not in self._prompt_lengths:
@@ -356,40 +356,40 @@ class DenseEncoder(torch.nn.Module):
             self._prompt_lengths[prefix] = len(ids) - trailing
         return self._prompt_lengths[prefix]
 
-    def computes_only_tokens(self, kind: TextKind, module: ModuleChoice = OWN) -> bool:
-        """Whether inference on a padded batch of `kind` texts (with `module`, on this device) computes
+    def computes_only_tokens(self, side: TextSide, module: ModuleChoice = OWN) -> bool:
+        """Whether inference on a padded batch of `side` texts (with `module`, on this device) computes
         only their tokens where padding is worth skipping, so that padding costs next to nothing
         (`densekit.models.padding.packs_on`); training computes every position."""
-        return padding.packs_on(self.backbone(kind), self.device, self.chosen(module))
+        return padding.packs_on(self.backbone(side), self.device, self.chosen(module))
 
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        kind: TextKind,
+        side: TextSide,
         module: ModuleChoice = OWN,
     ) -> torch.Tensor:
-        """Vectors for a padded batch of `kind` texts, with `module` (by default the encoder's own)."""
-        return self.encode_with(module, input_ids, attention_mask, kind)
+        """Vectors for a padded batch of `side` texts, with `module` (by default the encoder's own)."""
+        return self.encode_with(module, input_ids, attention_mask, side)
 
     def encode_with(
-        self, module: ModuleChoice, input_ids: torch.Tensor, attention_mask: torch.Tensor, kind: TextKind
+        self, module: ModuleChoice, input_ids: torch.Tensor, attention_mask: torch.Tensor, side: TextSide
     ) -> torch.Tensor:
-        """Vectors for a padded batch of `kind` texts with `module` (a name; None: the base alone; `OWN`:
+        """Vectors for a padded batch of `side` texts with `module` (a name; None: the base alone; `OWN`:
         the encoder's own module)."""
         name = self.chosen(module)
         held = None if name is None else self.attached[name]
         inferring = not self.training and not torch.is_grad_enabled() and not _exporting()
-        if inferring and self.computes_only_tokens(kind, name) and padding.worth_packing(attention_mask):
-            hidden = packed_hidden(self.backbone(kind), input_ids, attention_mask)
+        if inferring and self.computes_only_tokens(side, name) and padding.worth_packing(attention_mask):
+            hidden = packed_hidden(self.backbone(side), input_ids, attention_mask)
         elif held is None:
-            hidden = self.backbone(kind)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            hidden = self.backbone(side)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         else:
-            tower = held.query_tower if kind == "query" else held.passage_tower
+            tower = held.query_tower if side == "query" else held.passage_tower
             hidden = tower(input_ids, attention_mask)
         pooled_mask = attention_mask
-        if not self.config.include_prompt and self.config.pooling != "cls" and self.config.prefix(kind):
-            pooled_mask = without_prompt(attention_mask, self.prompt_length(kind))
+        if not self.config.include_prompt and self.config.pooling != "cls" and self.config.prefix(side):
+            pooled_mask = without_prompt(attention_mask, self.prompt_length(side))
         pooled = pool(hidden, pooled_mask, self.config.pooling)
         return truncated(pooled, self.config.dimensions, self.config.normalize)
 

@@ -21,7 +21,7 @@ import torch
 from densekit.device import Precision
 from densekit.encoding.embed import embed_tokens
 from densekit.errors import DensekitError, InputError, StateError
-from densekit.models.config import TextKind
+from densekit.models.config import TextSide
 from densekit.retrieval.hit import Hit
 from densekit.retrieval.retriever import Retriever
 
@@ -201,10 +201,10 @@ class MicroBatcher:
         return await self._submit(retriever, texts, "search", k, domain)
 
     async def embed(
-        self, retriever: Retriever, texts: list[str], kind: TextKind, domain: str | None = None
+        self, retriever: Retriever, texts: list[str], side: TextSide, domain: str | None = None
     ) -> Embeddings:
         """The vectors `retriever` gives `texts` as queries (routed, with a route) or as passages."""
-        return await self._submit(retriever, texts, kind, 0, domain)
+        return await self._submit(retriever, texts, side, 0, domain)
 
     def retry_after(self) -> int:
         """Seconds after which the queue as it is now should have drained (at least 1)."""

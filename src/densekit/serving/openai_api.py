@@ -75,7 +75,7 @@ class ServedName:
     whether inputs are queries or passages, and, for a fixed route's queries, their domain."""
 
     retriever: Retriever
-    kind: Literal["query", "passage"]
+    side: Literal["query", "passage"]
     domain: str | None = None
 
 

@@ -320,7 +320,7 @@ class ContrastiveTask(GroupedExamplesTask):
                 targets[i, i * size] = True
         return targets, known & ~targets
 
-    def _encode(self, kind: str, domain: str | None = None):
+    def _encode(self, side: str, domain: str | None = None):
         device = self.encoder.device
         precision = self.config.optim.precision
 
@@ -331,13 +331,13 @@ class ContrastiveTask(GroupedExamplesTask):
                 return inputs[VECTORS].to(device=device, dtype=self.encoder.query_backbone.dtype), None
             input_ids, attention_mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
             with autocast(device, precision):
-                if self.route is not None and kind == "query":
+                if self.route is not None and side == "query":
                     vectors = self.route(input_ids, attention_mask)
-                elif self.hypernetwork is not None and kind == "query":
+                elif self.hypernetwork is not None and side == "query":
                     embedding = self.hypernetwork.embedding(domain)
                     vectors = self.hypernetwork.encode(embedding, input_ids, attention_mask)
                 else:
-                    vectors = self.encoder(input_ids, attention_mask, kind=kind)
+                    vectors = self.encoder(input_ids, attention_mask, side=side)
             return vectors, None
 
         return encode

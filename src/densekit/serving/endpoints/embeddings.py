@@ -25,9 +25,9 @@ def add_routes(app: FastAPI, service: SearchService) -> None:
         check_texts(texts, limits.max_queries, limits.max_input_chars, "input", "inputs")
         encoder = chosen.retriever.encoder
         width = openai_api.requested_width(request.dimensions, request.model, encoder)
-        if chosen.kind == "query":
+        if chosen.side == "query":
             check_domain(chosen.retriever, chosen.domain)
-        found = await service.batcher.embed(chosen.retriever, texts, chosen.kind, chosen.domain)
+        found = await service.batcher.embed(chosen.retriever, texts, chosen.side, chosen.domain)
         vectors = found.vectors
         if width is not None:
             vectors = truncated(vectors, width, encoder.config.normalize)
