@@ -42,7 +42,7 @@ PARTS = ("collections", "quickstart", "two-round", "multi-domain")
 COLLECTIONS = ("scifact", "nfcorpus", "vaswani", "cranfield")
 RECIPES = {"two-round": "scifact-two-round.yaml", "multi-domain": "multi-domain.yaml"}
 RECORD = "_identity_run.json"
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DEFAULT_DATA = Path("../shared/data")  # from the repository root, as every benchmark reads it
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 # what the script's first process sets before it starts itself again: one thread everywhere, fixed
 # string hashing (set and dict orders of strings), nothing asked of the hub
