@@ -33,7 +33,6 @@ their reason. Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -43,6 +42,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from densekit.io.fingerprint import digest_of, file_digest
 
 RECORD = "_identity_run.json"
 MANIFEST = "densekit-artefact.json"
@@ -70,23 +71,6 @@ class Verdict:
     def fine(self) -> bool:
         """Identical or benign."""
         return self.status in ("identical", "benign")
-
-
-def file_digest(path: Path) -> str:
-    """The file's SHA-256 as densekit writes it (`sha256:<hex>`)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return f"sha256:{digest.hexdigest()}"
-
-
-def digest_of(values: dict[str, str]) -> str:
-    """densekit's digest of named digests (`densekit.io.fingerprint.digest_of`)."""
-    digest = hashlib.sha256()
-    for name in sorted(values):
-        digest.update(f"{name}\0{values[name]}\n".encode())
-    return f"sha256:{digest.hexdigest()}"
 
 
 def is_volatile(key: str) -> bool:
