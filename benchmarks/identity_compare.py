@@ -20,6 +20,10 @@ Each file is one of:
     changes from run to run);
   - `training_curves.png` beside a training log (`*.jsonl`) that is identical or benign;
   - the run record (`_identity_run.json`) when the model, data, parts, steps and depth agree;
+- intended: a file whose path matches a pattern given as `--intended PATTERN=REASON` (fnmatch over
+  the path below the root, `*` crossing folders) and differs or is on one side only: a change made on
+  purpose between the two checkouts (by other work than the one compared), with its reason printed.
+  Digests of intended files explain a difference as those of benign files do;
 - unexplained: anything else, printed with its first difference;
 - missing: on one side only.
 
@@ -27,12 +31,14 @@ Prints a table of counts per part (the first folder under the root) and each fil
 nor benign; exits 1 when any file is unexplained or missing. `--benign` lists the benign files with
 their reason. Run from the repository root:
 
-    .venv/bin/python -m benchmarks.identity_compare /work/ident/before /work/ident/after
+    .venv/bin/python -m benchmarks.identity_compare /work/ident/before /work/ident/after \
+        --intended '*README.md=model cards rewritten by issue 63 (e4f73f0)'
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -47,7 +53,7 @@ from densekit.io.fingerprint import digest_of, file_digest
 
 RECORD = "_identity_run.json"
 MANIFEST = "densekit-artefact.json"
-STATUSES = ("identical", "benign", "unexplained", "missing")
+STATUSES = ("identical", "benign", "intended", "unexplained", "missing")
 VOLATILE_KEYS = {"created", "seconds", "timings", "stages", "elapsed", "wall_clock", "wall-clock"}
 VOLATILE_SUFFIXES = ("_s", "_seconds", "_per_second")
 RECORD_KEYS = ("model", "data", "parts", "max_steps", "benchmark_k")
@@ -69,8 +75,8 @@ class Verdict:
 
     @property
     def fine(self) -> bool:
-        """Identical or benign."""
-        return self.status in ("identical", "benign")
+        """Identical, benign or intended."""
+        return self.status in ("identical", "benign", "intended")
 
 
 def is_volatile(key: str) -> bool:
@@ -147,8 +153,9 @@ def short(value: Any) -> str:
 class Comparison:
     """Two trees of artefacts, each file classified once (`classify`)."""
 
-    def __init__(self, a: Path, b: Path) -> None:
+    def __init__(self, a: Path, b: Path, intended: dict[str, str] | None = None) -> None:
         self.roots = (Path(a), Path(b))
+        self.intended = intended or {}
         self.files = sorted(
             {p.relative_to(root).as_posix() for root in self.roots for p in root.rglob("*") if p.is_file()}
         )
@@ -197,11 +204,15 @@ class Comparison:
 
     def _classify(self, rel: str) -> Verdict:
         a, b = (root / rel for root in self.roots)
-        if not (a.is_file() and b.is_file()):
+        both = a.is_file() and b.is_file()
+        if both and a.read_bytes() == b.read_bytes():
+            return Verdict("identical")
+        reason = next((why for pattern, why in self.intended.items() if fnmatch.fnmatch(rel, pattern)), None)
+        if reason is not None:
+            return Verdict("intended", reason if both else f"{reason} (only in one)")
+        if not both:
             return Verdict("missing", f"only in {self.roots[0] if a.is_file() else self.roots[1]}")
         bytes_a, bytes_b = a.read_bytes(), b.read_bytes()
-        if bytes_a == bytes_b:
-            return Verdict("identical")
         name = a.name
         if rel == RECORD:
             return self._record(bytes_a, bytes_b)
@@ -337,8 +348,14 @@ class Comparison:
         return explained if texts_a == texts_b else None  # type: ignore[return-value]
 
     def _explain_digests(self, x: Any, y: Any) -> str | None:
-        """The file or folder whose digests `x` and `y` are on each side when it is identical or benign,
-        else None."""
+        """The file or folder whose digests `x` and `y` are on each side when it is identical, benign or
+        intended (or, listed on one side only, the intended file it digests), else None."""
+        if (x is _ABSENT) != (y is _ABSENT):  # listed on one side only: explained when what it digests
+            side, digest = (1, y) if x is _ABSENT else (0, x)  # is a file changed on purpose
+            if not (isinstance(digest, str) and DIGESTS.fullmatch(digest)):
+                return None
+            found = sorted(rel for rel, _ in self._digested(side, digest) if not rel.endswith("/"))
+            return next((rel for rel in found if self.classify(rel).status == "intended"), None)
         if not (isinstance(x, str) and isinstance(y, str) and DIGESTS.fullmatch(x) and DIGESTS.fullmatch(y)):
             return None
         if x == y:
@@ -411,7 +428,7 @@ def part_of(rel: str) -> str:
 def report(comparison: Comparison, show_benign: bool = False) -> dict[str, Counter]:
     """Print the table of counts per part and every file that is not fine; return the counts."""
     counts: dict[str, Counter] = {}
-    problems, benign = [], []
+    problems, benign, intended = [], [], Counter()
     for rel in comparison.files:
         verdict = comparison.classify(rel)
         counts.setdefault(part_of(rel), Counter())[verdict.status] += 1
@@ -419,11 +436,15 @@ def report(comparison: Comparison, show_benign: bool = False) -> dict[str, Count
             problems.append((rel, verdict))
         elif verdict.status == "benign":
             benign.append((rel, verdict))
+        elif verdict.status == "intended":
+            intended[verdict.why] += 1
     total: Counter = sum(counts.values(), Counter())
     print(f"| part | {' | '.join(STATUSES)} |")
     print(f"|---|{'---:|' * len(STATUSES)}")
     for part, counted in [*sorted(counts.items()), ("all", total)]:
         print(f"| {part} | {' | '.join(str(counted[s]) for s in STATUSES)} |")
+    for why, files in sorted(intended.items()):
+        print(f"\nintended: {files} file(s): {why}")
     if show_benign and benign:
         print("\nbenign:")
         for rel, verdict in benign:
@@ -443,11 +464,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("a", type=Path, help="one identity_runs output folder (before)")
     parser.add_argument("b", type=Path, help="the other (after)")
     parser.add_argument("--benign", action="store_true", help="list each benign file with its reason")
+    parser.add_argument("--intended", action="append", default=[], metavar="PATTERN=REASON",
+                        help="files matching PATTERN changed on purpose, for REASON (repeatable)")
     args = parser.parse_args(argv)
+    intended = dict(item.split("=", 1) for item in args.intended if "=" in item)
+    if len(intended) != len(args.intended):
+        raise SystemExit("--intended takes PATTERN=REASON")
     for folder in (args.a, args.b):
         if not folder.is_dir():
             raise SystemExit(f"{folder} is not a folder")
-    counts = report(Comparison(args.a, args.b), args.benign)
+    counts = report(Comparison(args.a, args.b, intended), args.benign)
     bad = sum(c["unexplained"] + c["missing"] for c in counts.values())
     print(f"\n{bad} file(s) unexplained or missing" if bad else "\nno unexplained or missing file")
     if bad:

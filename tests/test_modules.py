@@ -8,6 +8,7 @@ import logging
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +184,35 @@ def test_one_base_holds_several_modules_and_encodes_with_the_one_each_call_names
     assert encoder.own == "second"  # naming a module for a call leaves the encoder's own as it was
     with pytest.raises(KeyError, match="holds: first, second"):
         embeddings(encoder, module="third")
+
+
+def test_every_kind_on_one_base_encoded_from_threads_at_once_gives_each_modules_vectors_alone(
+    encoder: DenseEncoder,
+):
+    for seed, case in enumerate(KINDS, start=1):
+        put_module(encoder, case, case.replace("-", "_"), seed=seed)
+    names = [None, *encoder.attached]
+    alone = {name: embeddings(encoder, "query", module=name) for name in names}
+    for name in names[1:]:
+        assert np.abs(alone[name] - alone[None]).max() > 1e-3, name
+    callers = names * 3
+    start = threading.Barrier(len(callers))
+    results: dict[int, np.ndarray] = {}
+
+    def encode(number: int, name: str | None) -> None:
+        start.wait()
+        for _ in range(3):
+            results[number] = embeddings(encoder, "query", module=name)
+            if not np.array_equal(results[number], alone[name]):
+                return
+
+    threads = [threading.Thread(target=encode, args=(n, name)) for n, name in enumerate(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for number, name in enumerate(callers):
+        np.testing.assert_array_equal(results[number], alone[name], err_msg=f"module {name}")
 
 
 def test_a_module_on_another_base_is_refused(encoder: DenseEncoder, tmp_path: Path):

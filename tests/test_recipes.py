@@ -97,6 +97,11 @@ def test_recipe_runs_skips_resumes_and_reruns(tmp_path: Path, tiny_st_model: Pat
     parameters = yaml.safe_load(record["parameters"])
     record["parameters"] = yaml.safe_dump(dict(reversed(parameters.items())), sort_keys=False)
     marker.write_text(json.dumps(record))
+    index_marker = out / ".steps" / "index.json"
+    record = json.loads(index_marker.read_text())
+    assert "backend" not in yaml.safe_load(record["parameters"])  # recorded only when set
+    record["parameters"] += "backend: null\n"  # as densekit wrote it for a while
+    index_marker.write_text(json.dumps(record))
     assert run_recipe(recipe, out, device="cpu", show_progress=False) == metrics
     assert ran == []
 
@@ -311,3 +316,18 @@ def test_the_distill_recipe_goes_on_training_the_module_of_a_module_run(tmp_path
     _, steps = load_recipe(path, tmp_path, ["data.path=/data", module, "two_round.out=/runs/lora"])
     assert steps["distil"].config["modules"] == {"type": "lora", "name": "scifact", "rank": 8}
     assert steps["distil"].config["model"]["path"] == "/runs/lora/round2/model"
+
+
+def test_settings_added_later_leave_the_records_of_steps_that_leave_them_unset_as_they_were():
+    """A finished step's record (and a training run's config) made before `backend` and `matryoshka`
+    existed reads the same now, so the step stays done; set, each is recorded."""
+    from densekit.configuration import dump_config
+    from densekit.training.config import LossSection
+
+    plain = steps_module.describe(steps_module.IndexStep(type="index", embeddings="e", output="o"))
+    assert "backend" not in yaml.safe_load(plain)
+    named = steps_module.IndexStep(type="index", embeddings="e", output="o", backend="faiss")
+    assert yaml.safe_load(steps_module.describe(named))["backend"] == "faiss"
+    assert "matryoshka" not in yaml.safe_load(dump_config(LossSection()))
+    trained = LossSection(matryoshka={"dims": [8, 4]})
+    assert yaml.safe_load(dump_config(trained))["matryoshka"]["dims"] == [8, 4]

@@ -314,6 +314,8 @@ def test_a_run_made_before_an_option_existed_resumes_while_the_option_keeps_its_
     manifest = json.loads(manifest_path.read_text())
     del manifest["identity"]["config"]["data"]["passage_embeddings"]  # as an older densekit wrote it
     del manifest["identity"]["config"]["loss"]["teacher_temperature"]
+    assert "matryoshka" not in manifest["identity"]["config"]["loss"]  # recorded only when set
+    manifest["identity"]["config"]["loss"]["matryoshka"] = None  # as densekit wrote it for a while
     manifest_path.write_text(json.dumps(manifest))
 
     warmer = make_config(collection, tiny_model, loss={"teacher_temperature": 2.0})

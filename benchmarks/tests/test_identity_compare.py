@@ -63,7 +63,7 @@ def test_identical_trees_are_identical(tmp_path: Path, capsys):
     a, b = write(tmp_path / "a", BASE), write(tmp_path / "b", BASE)
     assert set(verdicts(a, b).values()) == {"identical"}
     assert exit_code(a, b) == 0
-    assert "| collections | 2 | 0 | 0 | 0 |" in capsys.readouterr().out
+    assert "| collections | 2 | 0 | 0 | 0 | 0 |" in capsys.readouterr().out
 
 
 def test_json_differing_in_times_and_its_own_root_is_benign(tmp_path: Path):
@@ -103,7 +103,7 @@ def test_a_one_byte_change_is_caught_and_reported(tmp_path: Path, capsys):
     assert verdicts(a, b)["collections/scifact/emb/part.npy"] == "unexplained"
     assert exit_code(a, b) == 1
     out = capsys.readouterr().out
-    assert "| collections | 1 | 0 | 1 | 0 |" in out
+    assert "| collections | 1 | 0 | 0 | 1 | 0 |" in out
     assert "unexplained: collections/scifact/emb/part.npy: bytes differ from offset 14" in out
     # in text, the first differing line
     write(b, {**BASE, "collections/scifact/run.trec": "q1 Q0 d2 1 0.5 dense\n"})
@@ -118,7 +118,7 @@ def test_a_file_on_one_side_only_is_missing(tmp_path: Path, capsys):
     b = write(tmp_path / "b", {**BASE, "quickstart/metrics.json": "{}"})
     assert verdicts(a, b)["quickstart/metrics.json"] == "missing"
     assert exit_code(a, b) == 1
-    assert "| quickstart | 0 | 0 | 0 | 1 |" in capsys.readouterr().out
+    assert "| quickstart | 0 | 0 | 0 | 0 | 1 |" in capsys.readouterr().out
 
 
 def model_and_record(root: Path, config: dict, weights: bytes) -> None:
@@ -157,6 +157,34 @@ def test_digests_of_a_folder_with_a_real_change_are_refused(tmp_path: Path):
     assert found[f"run/model/{MANIFEST}"] == "unexplained"  # its checksum of model.bin
     assert found["run/.steps/train.json"] == "unexplained"  # the folder's digest
     assert exit_code(a, b) == 1
+
+
+def test_a_card_changed_on_purpose_is_intended_with_the_digests_and_listings_of_it(tmp_path: Path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root, card in ((a, "base_model: /machine/path\n"), (b, "library_name: densekit\n")):
+        write(root, {"run/model/README.md": card, "run/model/model.bin": b"weights"})
+        listed = {"model.bin": file_digest(root / "run/model/model.bin")}
+        if root == a:  # the card was checksummed before, not after
+            listed["README.md"] = file_digest(root / "run/model/README.md")
+        write(root, {f"run/model/{MANIFEST}": json.dumps({"checksums": listed})})
+        folder = digest_of(tree_checksums(root / "run/model", skip={MANIFEST}))
+        write(root, {"run/.steps/train.json": json.dumps({"inputs": {"model": folder}})})
+    plain = verdicts(a, b)
+    assert plain["run/model/README.md"] == "unexplained" and plain[f"run/model/{MANIFEST}"] == "unexplained"
+    comparison = Comparison(a, b, {"*README.md": "cards rewritten"})
+    assert {rel: comparison.classify(rel).status for rel in comparison.files} == {
+        "run/.steps/train.json": "benign",
+        "run/model/README.md": "intended",
+        f"run/model/{MANIFEST}": "benign",
+        "run/model/model.bin": "identical",
+    }
+    write(b, {"run/model/model.bin": b"weightz"})  # a real change stays one beside an intended card
+    assert Comparison(a, b, {"*README.md": "cards"}).classify("run/model/model.bin").status == "unexplained"
+    try:
+        main([str(a), str(b), "--intended", "*README.md=cards rewritten"])
+    except SystemExit as exit:
+        assert exit.code == 1
+    assert "intended: 1 file(s): cards rewritten" in capsys.readouterr().out
 
 
 def test_a_digest_of_nothing_in_the_trees_is_not_explained(tmp_path: Path):

@@ -347,15 +347,26 @@ def step_record(step: Step) -> dict[str, Any]:
 
 
 def _same(recorded: dict[str, Any] | None, record: dict[str, Any]) -> bool:
-    """Whether a marker records this very step: equal parameters (whatever the order of their keys)
-    and inputs of the same content."""
+    """Whether a marker records this very step: equal parameters (whatever the order of their keys; a
+    setting recorded as null equals one left out, as settings added later are when unset) and inputs of
+    the same content."""
     if recorded is None:
         return False
     try:
-        same_parameters = parse_yaml(str(recorded.get("parameters"))) == parse_yaml(record["parameters"])
+        parameters = (parse_yaml(str(recorded.get("parameters"))), parse_yaml(record["parameters"]))
     except YamlProblem:
         return False
+    same_parameters = _without_nulls(parameters[0]) == _without_nulls(parameters[1])
     return same_parameters and recorded.get("inputs") == record["inputs"]
+
+
+def _without_nulls(value: Any) -> Any:
+    """`value` with every mapping's null-valued keys left out, at any depth."""
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
 
 
 def _read_marker(path: Path) -> dict[str, Any] | None:

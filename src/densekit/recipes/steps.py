@@ -242,7 +242,8 @@ class IndexStep(Step):
     type: Literal["index"]
     embeddings: str
     output: str
-    backend: str | None = None
+    # unset, the step's record reads as it did before backends were named (a finished step stays done)
+    backend: str | None = Field(None, exclude_if=lambda backend: backend is None)
     spec: Any = None
 
     @model_validator(mode="after")

@@ -158,6 +158,7 @@ class LossSection(Section):
     teacher_temperature: float = Field(1.0, gt=0, description="kl: the teacher's scores are divided by it")
     matryoshka: MatryoshkaSection | None = Field(
         None,
+        exclude_if=lambda section: section is None,  # unset, a run's records read as before it existed
         description="Matryoshka training: the weighted sum of the loss (InfoNCE and distillation) on the "
         "first d dimensions of the vectors for each width d of dims; none: the full vectors alone",
     )

@@ -73,9 +73,10 @@ def run_identity(config: RunConfig) -> dict[str, Any]:
 
 def _less_newer_defaults(fresh: dict[str, Any], saved: dict[str, Any], set_here: Any) -> dict[str, Any]:
     """`fresh` without the settings a run made by an earlier densekit does not record (they did not exist
-    then) that are at their defaults here, so a new option does not stop an old run from resuming."""
+    then) that are at their defaults here, and with those it records as null that this densekit leaves
+    out when unset, so a new option does not stop an old run from resuming."""
     set_here = set_here if isinstance(set_here, dict) else {}
-    kept = {}
+    kept = {key: None for key, value in saved.items() if value is None and key not in fresh}
     for key, value in fresh.items():
         if key not in saved:
             if key in set_here:

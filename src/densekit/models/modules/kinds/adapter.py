@@ -3,6 +3,7 @@ on the tower's own copies of every layer's feed-forward block."""
 
 from __future__ import annotations
 
+import threading
 from typing import Literal
 
 import torch
@@ -99,9 +100,27 @@ def _add_adapters(model: torch.nn.Module, spec: AdapterSpec, parts: torch.nn.Mod
     for i, ((name, first), (_, last)) in enumerate(zip(inputs, outputs, strict=True)):
         adapter = Bottleneck(_in_features(name, first), last.out_features, spec.bottleneck, spec.scaling)
         parts[f"adapter_{i}"] = adapter
-        seen: dict[str, torch.Tensor] = {}
-        first.register_forward_pre_hook(lambda _m, args, seen=seen: seen.update(x=args[0]))
-        last.register_forward_hook(lambda _m, _i, out, a=adapter, seen=seen: out + a(seen.pop("x")))
+        held = _HeldInput()
+        first.register_forward_pre_hook(lambda _m, args, held=held: held.keep(args[0]))
+        last.register_forward_hook(lambda _m, _i, out, a=adapter, held=held: out + a(held.take()))
+
+
+class _HeldInput:
+    """The feed-forward block's input, kept from its first layer to its last for a parallel adapter:
+    one per thread, since threads encoding with the same tower at once each pass their own batch."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def keep(self, x: torch.Tensor) -> None:
+        """Hold `x` for this thread's `take`."""
+        self._local.x = x
+
+    def take(self) -> torch.Tensor:
+        """The input this thread kept last, no longer held."""
+        x = self._local.x
+        del self._local.x
+        return x
 
 
 def _in_features(name: str, module: torch.nn.Module) -> int:
