@@ -1,5 +1,6 @@
 """The serving benchmark's own parts: its HTTP/1.1 load generator against the real service (every request
-answered, 429s retried until served), and the split of a profile's CPU into the service's stages."""
+answered, 429s retried until served), the split of a profile's CPU into the service's stages, and the
+two-checkout comparison's rounds."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
+from benchmarks import serving_ab
 from benchmarks.serving import TOKEN, UNSEEN, _hits_answered, load, stage_breakdown
 from densekit.retrieval.retriever import Retriever
 from densekit.serving.app import Batching, Limits, create_app
 from tests.conftest import QUERIES, retriever, served, tiny_model, tiny_st_model  # noqa: F401 (fixtures)
 from tests.service_fixtures import in_thread
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_load_generator_gets_every_query_answered_and_retries_429s(retriever: Retriever):  # noqa: F811
@@ -42,3 +48,21 @@ def test_a_profile_splits_each_threads_cpu_by_the_stages_of_its_samples(tmp_path
     # serialize_response is the response's building), 1 of the event loop; its idle samples do not count
     assert stages == {"forward": 9.0, UNSEEN: 5.0, "HTTP parsing and validation": 2.0,
                       "response building": 1.33, "index search": 1.0, "event loop": 0.67}  # fmt: skip
+
+
+def test_two_checkouts_are_served_in_alternating_rounds_and_one_without_its_own_src_is_refused(
+    served: tuple[Path, Path, Path], tmp_path: Path, capsys  # noqa: F811
+):
+    data, index, model = served
+    common = ["--model", str(model), "--index", str(index), "--data", str(data), "--requests", "12",
+              "--concurrency", "3", "--rounds", "3", "--k", "2"]  # fmt: skip
+    with pytest.raises(SystemExit, match="does not hold the densekit"):
+        serving_ab.main(["--a", str(tmp_path), "--b", str(ROOT), *common, "--output", str(tmp_path / "x")])
+    serving_ab.main(["--a", str(ROOT), "--b", str(ROOT), *common, "--output", str(tmp_path / "ab.json")])
+    said = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("round")]
+    assert said == ["round 1 a", "round 1 b", "round 2 b", "round 2 a", "round 3 a", "round 3 b"]
+    result = json.loads((tmp_path / "ab.json").read_text())
+    for side in ("a", "b"):
+        assert [row["answered"] for row in result["rows"][side]] == [12, 12, 12]
+        assert result["summary"][side]["errors"] == result["summary"][side]["lost"] == 0
+    assert result["b_vs_a"]["queries_per_s"] > 0
