@@ -303,6 +303,22 @@ def test_resume_refuses_changes_that_change_the_run_and_takes_the_others(
     assert "holds no training run to resume; starting a new one" in caplog.text
 
 
+def test_curves_are_redrawn_at_a_checkpoint_only_a_while_after_the_last_drawing_and_always_at_the_end(
+    collection, tiny_model: Path, tmp_path: Path, monkeypatch
+):
+    from densekit.training import trainer
+
+    config = make_config(collection, tiny_model)
+    killed_at_step_five(monkeypatch, config, tmp_path / "soon")  # checkpoint 3 came seconds after the start
+    assert (tmp_path / "soon" / "checkpoints" / "step-00000003").is_dir()
+    assert not (tmp_path / "soon" / "training_curves.png").exists()
+    run_training(config, tmp_path / "soon", resume=True, show_progress=False)
+    assert (tmp_path / "soon" / "training_curves.png").stat().st_size > 10_000  # at the end
+    monkeypatch.setattr(trainer, "PLOT_INTERVAL_S", 0.0)
+    killed_at_step_five(monkeypatch, config, tmp_path / "late")
+    assert (tmp_path / "late" / "training_curves.png").stat().st_size > 10_000  # drawn at checkpoint 3
+
+
 def test_a_run_made_before_an_option_existed_resumes_while_the_option_keeps_its_default(
     tiny_model: Path, tmp_path: Path, monkeypatch
 ):

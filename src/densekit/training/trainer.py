@@ -26,11 +26,14 @@ from densekit.progress import progress_bar
 from densekit.training import distributed
 from densekit.training.checkpoint import checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint
 from densekit.training.config import CheckpointSection, OptimSection
-from densekit.training.log import PLOT_FILE, Figure, TrainingLog, device_figure, plot_curves
+from densekit.training.log import LOG_FILE, PLOT_FILE, Figure, TrainingLog, device_figure, plot_curves
 
 log = logging.getLogger("densekit")
 
 CHECKPOINTS = "checkpoints"
+# a checkpoint redraws the training curves only this long after they were last drawn: drawing takes
+# seconds, which a long run spends unnoticed and a short one (checkpoints seconds apart) many times over
+PLOT_INTERVAL_S = 60.0
 FINAL_MODEL = "model"
 BEST_MODEL = "best"
 # The command that makes each kind of run folder, for the cards of the models it exports.
@@ -148,6 +151,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if optim.precision == "fp16" else None
         self.state: dict[str, Any] = {"step": 0, "elapsed_s": 0.0, "best": None, "best_step": None}
         self._run_facts: TrainingFacts | None = None
+        self._plotted_at = time.monotonic()
 
     @property
     def checkpoint_root(self) -> Path:
@@ -218,9 +222,13 @@ class Trainer:
         if distributed.is_main():
             self.task.export(self.output / FINAL_MODEL)
             self._describe_run(self.output / FINAL_MODEL, training_log, None)
-            plot_curves(training_log.path, self.output / PLOT_FILE, title=str(self.output))
+            self._plot_curves()
         distributed.barrier()
         return self.state
+
+    def _plot_curves(self) -> None:
+        plot_curves(self.output / LOG_FILE, self.output / PLOT_FILE, title=str(self.output))
+        self._plotted_at = time.monotonic()
 
     def _loop(self, training_log: TrainingLog | None, started: float) -> None:
         """Steps to the end; each log line holds the means over the steps since the last one (the
@@ -317,5 +325,6 @@ class Trainer:
                 self.config_yaml, self.task.export, self.device, self.scaler,
             )  # fmt: skip
             prune_checkpoints(self.checkpoint_root, self.checkpoint.keep)
-            plot_curves(self.output / "train_log.jsonl", self.output / PLOT_FILE, title=str(self.output))
+            if time.monotonic() - self._plotted_at >= PLOT_INTERVAL_S:
+                self._plot_curves()
         distributed.barrier()
