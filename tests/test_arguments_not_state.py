@@ -45,22 +45,28 @@ def encoder(tiny_model: Path) -> DenseEncoder:
 def test_two_modules_encoded_at_once_from_threads_each_give_their_vectors_alone(encoder: DenseEncoder):
     alone = {name: embed_texts(encoder, TEXTS, "query", 2, module=name) for name in ("a", "b", None)}
     assert np.abs(alone["a"] - alone["b"]).max() > 1e-3 and np.abs(alone["a"] - alone[None]).max() > 1e-3
-    names = ["a", "b", None] * 4
+    each_from_threads_at_once(lambda name: embed_texts(encoder, TEXTS, "query", 2, module=name), alone, 4)
+
+
+def each_from_threads_at_once(encode, alone: dict, copies: int) -> None:
+    """`encode(name)` for each name of `alone`, `copies` threads each, all started at once and three
+    times each: every call gives what the name gave alone."""
+    names = list(alone) * copies
     start = threading.Barrier(len(names))
     results: dict[int, np.ndarray] = {}
 
-    def encode(number: int, name: str | None) -> None:
+    def run(number: int, name: str | None) -> None:
         start.wait()
         for _ in range(3):
-            results[number] = embed_texts(encoder, TEXTS, "query", 2, module=name)
+            results[number] = encode(name)
             if not np.array_equal(results[number], alone[name]):
                 return
 
-    threads = [threading.Thread(target=encode, args=(n, name)) for n, name in enumerate(names)]
+    threads = [threading.Thread(target=run, args=(n, name)) for n, name in enumerate(names)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(60)
+        thread.join(120)
     for number, name in enumerate(names):
         np.testing.assert_array_equal(results[number], alone[name], err_msg=f"module {name}")
 

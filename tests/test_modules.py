@@ -8,7 +8,6 @@ import logging
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ from densekit.training.checkpoint import load_state, save_state
 from densekit.training.fine_tuning import run_training
 
 from .conftest import tiny_bert
+from .test_arguments_not_state import each_from_threads_at_once
 from .test_training import (
     _free_port,
     _one_step_worker,
@@ -195,24 +195,7 @@ def test_every_kind_on_one_base_encoded_from_threads_at_once_gives_each_modules_
     alone = {name: embeddings(encoder, "query", module=name) for name in names}
     for name in names[1:]:
         assert np.abs(alone[name] - alone[None]).max() > 1e-3, name
-    callers = names * 3
-    start = threading.Barrier(len(callers))
-    results: dict[int, np.ndarray] = {}
-
-    def encode(number: int, name: str | None) -> None:
-        start.wait()
-        for _ in range(3):
-            results[number] = embeddings(encoder, "query", module=name)
-            if not np.array_equal(results[number], alone[name]):
-                return
-
-    threads = [threading.Thread(target=encode, args=(n, name)) for n, name in enumerate(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    for number, name in enumerate(callers):
-        np.testing.assert_array_equal(results[number], alone[name], err_msg=f"module {name}")
+    each_from_threads_at_once(lambda name: embeddings(encoder, "query", module=name), alone, 3)
 
 
 def test_a_module_on_another_base_is_refused(encoder: DenseEncoder, tmp_path: Path):
