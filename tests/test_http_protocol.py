@@ -8,6 +8,8 @@ import contextlib
 import logging
 import re
 import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -143,3 +145,54 @@ def test_where_uvicorns_protocol_is_not_as_read_h11_parses_and_the_log_says_so_o
     assert [hit["id"] for hit in found.json()["results"][0]] == [
         hit.id for hit in retriever.search("cats", k=3)[0]
     ]
+
+
+def test_a_refused_request_closes_its_connection_only_once_the_answers_before_it_and_its_own_have_gone():
+    """A socket closed with bytes of the client's still unread is reset by the kernel, and a reset drops
+    what it had not yet delivered. The client reads nothing for a while, so that when the flood after its
+    pipelined requests is refused, their answers still wait to go."""
+    pipelined = get(close=False) * 2000 + get(headers=headers_of(2_000_000))
+    with serving("ours") as port, socket.socket() as connection:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+        connection.connect(("127.0.0.1", port))
+        sending = threading.Thread(target=_send_all, args=(connection, pipelined))
+        sending.start()
+        time.sleep(1)  # answers pile up on the server's side of the connection
+        received = b""
+        with contextlib.suppress(ConnectionError):
+            connection.settimeout(10)
+            while chunk := connection.recv(65536):
+                received += chunk
+        sending.join()
+    answers = [status.decode() for status in re.findall(rb"HTTP/1.1 (\d{3}) ", received)]
+    assert answers == ["200"] * 2000 + ["400"]
+
+
+def _send_all(connection: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(ConnectionError):
+        connection.sendall(data)
+
+
+def test_a_refused_client_that_keeps_sending_is_cut_off_after_the_linger(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(http_protocol, "LINGER_S", 0.5)
+    with serving("ours") as port, socket.create_connection(("127.0.0.1", port)) as connection:
+        endless = threading.Thread(target=_send_headers_without_end, args=(connection,))
+        endless.start()
+        received = b""
+        connection.settimeout(20)
+        while chunk := connection.recv(65536):  # to the end the server's side wrote
+            received += chunk
+        endless.join(timeout=15)  # the sending ends when the server closes the connection
+        cut_off = not endless.is_alive()
+        with contextlib.suppress(OSError):
+            connection.shutdown(socket.SHUT_RDWR)  # where the server did not, the test stops it
+        endless.join()
+    assert re.findall(rb"HTTP/1.1 (\d{3}) ", received) == [b"400"] and cut_off
+
+
+def _send_headers_without_end(connection: socket.socket) -> None:
+    line = b"x-filler: " + b"y" * 990 + b"\r\n"
+    with contextlib.suppress(OSError):
+        connection.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
+        while True:
+            connection.sendall(line * 64)

@@ -322,7 +322,7 @@ def test_pipelined_requests_are_all_answered_and_one_request_still_bounded():
         answers = exchange(port, pipelined)
         flooded = exchange(port, flood_after)
     assert answers == ["200 0"] * 20_000
-    assert flooded[:100] == ["200 0"] * 100 and flooded[100:] in (["400"], [])
+    assert flooded == ["200 0"] * 100 + ["400"]  # the refusal closes after every answer has gone
 
 
 # 22: DENSEKIT_API_KEY set but blank served without a token

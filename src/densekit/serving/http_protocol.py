@@ -36,6 +36,8 @@ ARGUMENTS = ("config", "server_state", "app_state", "_loop")
 ATTRIBUTES = ("loop", "transport", "flow", "cycle", "pipeline", "parser")
 
 Deadline = Literal["headers", "body", "idle"]
+# How long a refused connection is read and its bytes dropped, at most, before it is closed (`_linger`)
+LINGER_S = 2.0
 
 
 def unexpected_internals() -> str | None:
@@ -101,13 +103,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._body_came = False  # body bytes came in the read being parsed
         self._deadline: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None  # due once earlier requests are answered
+        self._lingering = False  # refused: what comes is dropped until the connection closes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Count the connection in (closing another past the cap), and give it the idle deadline."""
         super().connection_made(transport)
         self.waiting_since = self.loop.time()
         if not self.guard.admit(self):
-            self._refuse(503, TOO_MANY)
+            self._refuse(503, TOO_MANY, linger=False)  # nothing read yet, and no time to spare one
             return
         self._arm("idle")
 
@@ -124,7 +127,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         """Parse `data`, then refuse the request if a section open before it is still open, past the bound
         (once refused, what comes is dropped unread)."""
-        if self._refusal is not None:
+        if self._refusal is not None or self._lingering:
             return
         section, self._began, self._body_came = self.section, False, False
         super().data_received(data)
@@ -224,10 +227,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return any(cycle is self.cycle for cycle, _ in self.pipeline)
         return self.cycle is not None and not self.cycle.response_complete
 
-    def _refuse(self, status: int, reason: str) -> None:
+    def _refuse(self, status: int, reason: str, linger: bool = True) -> None:
         """Answer the request arriving with `status` and `reason` and close the connection, as soon as the
         answers to earlier requests of the connection have gone (nothing more is read meanwhile); where
-        the request's own answer has begun (a 401 given before its body ended), close it only."""
+        the request's own answer has begun (a 401 given before its body ended), close it only. With
+        `linger`, the connection closes as `_linger` closes it."""
         if self.in_body:  # the request arriving has a cycle
             waits = self._behind_another()
             answered = self.cycle.response_started
@@ -243,4 +247,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                     f"content-type: text/plain; charset=utf-8\r\ncontent-length: {len(body)}\r\n"
                     "connection: close\r\n\r\n")  # fmt: skip
             self.transport.write(head.encode("ascii") + body)
-        self.transport.close()
+        if linger and self.transport.can_write_eof():
+            self._linger()
+        else:
+            self.transport.close()
+
+    def _linger(self) -> None:
+        """Close the connection once the client has had all that was written to it: the writing side
+        ends after the last answer (the client reads to its end), and what the client still sends is
+        read and dropped until it closes its side, or for `LINGER_S` at most. Closing a socket with
+        bytes unread makes the kernel reset the connection, and a reset drops the answers not yet
+        delivered: the answers to pipelined requests before a refused one, and the refusal itself.
+        asyncio closes only after its own buffer, uvicorn has no such close, so it is written here."""
+        self._disarm()
+        self._refusal, self._lingering = None, True
+        self.waiting_since = 0.0  # the first to make way for a new connection past the cap
+        self.transport.write_eof()
+        self.flow.resume_reading()
+        self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
