@@ -298,7 +298,8 @@ def test_a_real_inferencer_killed_mid_publish_leaves_no_partial_version(
         "the ANCE inferencer exited (code -9) and was restarted 0 times already; training goes on with "
         f"version {version - 1}"
     ) in said
-    assert "removed 1 partial versions left by an interrupted inferencer" in said
+    left = sorted(child.name for child in NegativeVersions(output).root.iterdir())
+    assert "removed 1 partial versions left by an interrupted inferencer" in said, (said, left)
     assert not seen["partial"].exists()
     # the steps while no inferencer ran trained on the last complete version, the next ones on the
     # version the inferencer started again made from the newest checkpoint

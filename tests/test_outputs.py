@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +234,22 @@ def test_an_old_folder_moved_aside_by_a_killed_writer_is_put_back(tmp_path: Path
     removed = remove_dead_temporaries(tmp_path, "index")
     assert removed == [half]
     assert (tmp_path / "index" / "file").read_text() == "old" and live.is_dir()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process states from /proc")
+def test_a_temporary_of_a_writer_that_ended_unreaped_is_removed(tmp_path: Path):
+    """A killed writer stays a zombie until its parent reaps it: it writes nothing more, so what it left
+    is removed, as a lock it held is taken over (the ANCE trainer reaps its inferencer only at its next
+    step)."""
+    writer = subprocess.Popen([sys.executable, "-c", "pass"])
+    while Path(f"/proc/{writer.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)  # ended, not yet reaped: os.kill(pid, 0) still finds it
+    try:
+        half = tmp_path / f".index.tmp-{writer.pid}-89abcdef"
+        half.mkdir()
+        assert remove_dead_temporaries(tmp_path, "index") == [half] and not half.exists()
+    finally:
+        writer.wait()
 
 
 def test_exchange_swaps_two_folders(tmp_path: Path):

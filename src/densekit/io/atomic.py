@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
+from densekit.io.processes import running
 from densekit.io.write_errors import naming
 
 TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
@@ -34,16 +35,6 @@ def _temporary(path: Path, what: str = "tmp") -> Path:
     return path.with_name(f".{path.name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_dead_temporaries(folder: Path, name: str | None = None) -> list[Path]:
     """Delete the temporaries that killed writers left in `folder` (only those of `name`, if given).
 
@@ -58,7 +49,7 @@ def remove_dead_temporaries(folder: Path, name: str | None = None) -> list[Path]
         match = TEMPORARY.match(child.name)
         if not match or (name is not None and match.group("name") != name):
             continue
-        if _alive(int(match.group("pid"))):
+        if running(int(match.group("pid"))):
             continue
         target = folder / match.group("name")
         if ".old-" in child.name and not target.exists():

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from densekit.errors import DensekitError
+from densekit.io.processes import running
 
 log = logging.getLogger("densekit")
 
@@ -72,22 +73,12 @@ def _holder(lock: Path) -> int | None:
     return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _busy(path: Path, lock: Path) -> OutputBusy:
     """The refusal naming the process that holds `lock`."""
     pid = _holder(lock)
     if pid is None:
         return OutputBusy(f"another densekit is writing {path} (it holds {lock}): wait for it or stop it")
-    if not _alive(pid):
+    if not running(pid):
         return OutputBusy(
             f"another process is writing {path}: {lock} is held, and names densekit pid {pid}, which is not "
             "running here (a process it started, or one on another machine, may hold it)"
