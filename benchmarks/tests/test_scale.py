@@ -77,8 +77,9 @@ def test_the_imported_vectors_are_unit_rows_and_the_encoder_s_own_for_judged_pas
     judged = judged_passages(data)
     rows = [row for row, document in enumerate(documents) if document.id in judged]
     assert len(judged) == TEST_QUERIES + TRAIN_QUERIES == len(rows)
-    expected = embed_texts(DenseEncoder.load(model), [documents[r].full_text for r in rows], "passage")
-    assert np.allclose(vectors[rows], expected, atol=1e-5)
+    checked = sorted(np.random.default_rng(0).choice(rows, 300, replace=False))  # of the 3,000 judged
+    expected = embed_texts(DenseEncoder.load(model), [documents[r].full_text for r in checked], "passage")
+    assert np.allclose(vectors[checked], expected, atol=1e-5)
     others = np.setdiff1d(np.arange(3200), rows)
     assert np.abs(vectors[others] @ expected.mean(axis=0)).max() < 0.5  # random, not the encoder's
     assert not (tmp_path / "vectors.npy.partial").exists()
