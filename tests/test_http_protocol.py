@@ -4,6 +4,7 @@ server over a socket; without the bound, httptools answers the floods that h11 r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -24,12 +25,17 @@ from densekit.serving.http_server import server_config
 from .service_fixtures import AUTH, TOKEN, free_port, in_thread, running
 
 
+async def _lifespan(receive, send) -> None:
+    """An ASGI application's part in the server's start and end."""
+    while (await receive())["type"] != "lifespan.shutdown":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+
+
 async def body_length(scope: dict, receive, send) -> None:
     """An ASGI application answering each request with the length of its body."""
     if scope["type"] == "lifespan":
-        while (message := await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await _lifespan(receive, send)
         return
     body, more = b"", True
     while more:
@@ -196,3 +202,37 @@ def _send_headers_without_end(connection: socket.socket) -> None:
         connection.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
         while True:
             connection.sendall(line * 64)
+
+
+async def answers_late(scope: dict, receive, send) -> None:
+    """An ASGI application answering each request half a second after it came, its body unread."""
+    if scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+        return
+    await asyncio.sleep(0.5)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_an_application_answering_a_request_refused_while_the_connection_lingers_fails_nothing():
+    """Trailers past the bound refuse a request whose application answers later, while the refused
+    connection lingers: its answer is dropped, as at a close, and nothing fails."""
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append  # type: ignore[method-assign]
+    config = server_config(answers_late, "127.0.0.1", free_port())
+    logging.getLogger("uvicorn.error").addHandler(handler)  # after the config has set uvicorn's logging
+    flood = b"POST / HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nz\r\n0\r\n"
+    flood += b"".join(f"x-trailer-{n}: {'y' * 985}\r\n".encode() for n in range(2000))
+    try:
+        with running(config), socket.create_connection(("127.0.0.1", config.port)) as connection:
+            connection.sendall(flood)
+            connection.settimeout(10)
+            received = b""
+            while chunk := connection.recv(65536):  # to the end of what the server writes
+                received += chunk
+            time.sleep(1)  # the connection still open, the application answers meanwhile
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert re.findall(rb"HTTP/1.1 (\d{3}) ", received) == [b"400"]
+    assert [record.getMessage() for record in errors] == []

@@ -231,7 +231,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """Answer the request arriving with `status` and `reason` and close the connection, as soon as the
         answers to earlier requests of the connection have gone (nothing more is read meanwhile); where
         the request's own answer has begun (a 401 given before its body ended), close it only. With
-        `linger`, the connection closes as `_linger` closes it."""
+        `linger`, a connection that had the refusal written closes as `_linger` closes it."""
         if self.in_body:  # the request arriving has a cycle
             waits = self._behind_another()
             answered = self.cycle.response_started
@@ -247,7 +247,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                     f"content-type: text/plain; charset=utf-8\r\ncontent-length: {len(body)}\r\n"
                     "connection: close\r\n\r\n")  # fmt: skip
             self.transport.write(head.encode("ascii") + body)
-        if linger and self.transport.can_write_eof():
+        if linger and not answered and self.transport.can_write_eof():
             self._linger()
         else:
             self.transport.close()
@@ -261,6 +261,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         asyncio closes only after its own buffer, uvicorn has no such close, so it is written here."""
         self._disarm()
         self._refusal, self._lingering = None, True
+        if self.cycle is not None and not self.cycle.response_complete:
+            # the refused request's application sees the connection gone now, as uvicorn tells it at
+            # the close: its sends are dropped (a write after the writing side ended would raise)
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
         self.waiting_since = 0.0  # the first to make way for a new connection past the cap
         self.transport.write_eof()
         self.flow.resume_reading()
