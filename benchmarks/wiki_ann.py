@@ -153,7 +153,7 @@ class SizeRun:
         """The size's embedding folder (gathered from `--embeddings` on first use)."""
         if self._store is None:
             self._store = self.passages.of(self.name, self.dataset)
-            self.results["collection"]["passages"] = len(self._store)
+            self.results["collection"].update(passages=len(self._store), vectors=self.passages.made_by)
         return self._store
 
     def stage(self, entry: str, stage: str, inputs: dict, measure: Callable[[], dict], **kept: Any) -> dict:
@@ -411,7 +411,9 @@ def table(results: dict) -> str:
         flat = size.get("flat", {})
         settings = list(speeds(flat.get("speed", {})))
         passages = size["collection"].get("passages")
-        lines += [f"### {name}: {passages:,} passages" if passages else f"### {name}", ""]
+        made_by = size["collection"].get("vectors", "torch float32")  # unrecorded before: float32's
+        title = f"### {name}: {passages:,} passages, vectors of {made_by}" if passages else f"### {name}"
+        lines += [title, ""]
         heading = ["index", "setting (train)", "build s (faiss)", "file MiB", "load RSS MiB", "train R@10",
                    "test R@10", "nDCG@10 (- flat)",
                    *(f"q/s {s} (x flat; /faiss)" for s in settings)]  # fmt: skip

@@ -103,6 +103,12 @@ def source_identity(store: Any) -> dict[str, Any]:
     return {"identity": store.identity, "parts": [part.meta.get("checksums") for part in store.parts]}
 
 
+def vectors_made_by(inference: dict | None) -> str:
+    """An embedding folder's `inference` record as "BACKEND PRECISION" (none: torch at float32)."""
+    inference = inference or {"backend": "torch", "precision": "float32"}
+    return f"{inference['backend']} {inference['precision']}"
+
+
 def write_array(path: Path, array: np.ndarray) -> None:
     """Save `array` as a `.npy` at `path` atomically."""
     from densekit.io.atomic import atomic_file
@@ -138,6 +144,12 @@ class Passages:
         encoder = DenseEncoder.load(self.model, **settings).eval()
         check_passages_made_by(encoder, self.store.identity, f"{self.folder} was encoded")
         return encoder
+
+    @property
+    def made_by(self) -> str:
+        """How the embeddings' vectors were computed, as `densekit encode` was asked: "onnx int8",
+        "torch float32" (what an identity without `inference` means)."""
+        return vectors_made_by(self.store.identity.get("inference"))
 
     def identity(self) -> dict[str, Any]:
         """What results made from these embeddings depend on: their vectors and the model's name."""

@@ -41,7 +41,15 @@ from typing import Any
 import numpy as np
 
 from benchmarks import WORK
-from benchmarks.wiki_inputs import Ledger, Passages, digest, parse_sizes, setup_logging, wiki_parser
+from benchmarks.wiki_inputs import (
+    Ledger,
+    Passages,
+    digest,
+    parse_sizes,
+    setup_logging,
+    vectors_made_by,
+    wiki_parser,
+)
 from densekit.limits import DEFAULT_TRIALS
 
 MEASURES = ("nDCG@10", "R@100", "R@1000")
@@ -195,10 +203,11 @@ def table(results: dict) -> str:
             if label not in size:
                 continue
             metrics = size[label]["metrics"]
+            made_by = f" ({vectors_made_by(size[label].get('inference'))})" if label == ZERO_SHOT else ""
             cells = [
                 name,
                 f"{size['collection']['documents']:,}",
-                label,
+                label + made_by,
                 *(f"{metrics[m]:.4f}" for m in measures),
             ]
             for m in measures:

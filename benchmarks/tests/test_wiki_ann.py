@@ -41,7 +41,9 @@ def test_each_index_against_flat_and_raw_faiss_chosen_on_train_queries_and_resum
     names = ["flat", "hnsw-m16", "hnsw-m32", "ivfpq", "ivfpq-refine"]
     assert [name for name in size if name not in ("collection", "goals")] == names
     assert size["collection"] == {"folder": str(part), "test_queries": QUERIES["test"],
-                                  "train_queries_held_out": QUERIES["train"], "passages": SLICE}  # fmt: skip
+                                  "train_queries_held_out": QUERIES["train"], "passages": SLICE,
+                                  "vectors": "torch float32"}  # fmt: skip
+    assert f"### small: {SLICE:,} passages, vectors of torch float32" in output.with_suffix(".md").read_text()
 
     vectors = EmbeddingStore.open(work / "small" / "embeddings").vectors()
     train = np.load(next((work / "queries").glob("train-*.npy")))

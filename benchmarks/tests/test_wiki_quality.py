@@ -58,7 +58,8 @@ def test_quality_rows_at_two_sizes_from_one_encoding_resumed_without_measuring_a
     small = {doc for ranked in runs["small"][ZERO_SHOT].values() for doc in ranked}
     assert small <= set(taken.ids())  # searched over the slice's passages alone
     table = output.with_suffix(".md").read_text()
-    assert table.count(f"| {ZERO_SHOT} |") == 2 and "python -m benchmarks.wiki_quality --sizes" in table
+    assert table.count(f"| {ZERO_SHOT} (torch float32) |") == 2  # the vectors' path, recorded
+    assert "python -m benchmarks.wiki_quality --sizes" in table
 
     # a fine-tuned run of the slice's test queries is a fourth row, tested against zero-shot
     shutil.copy(results["sizes"]["small"][BM25]["run"], tuned)
