@@ -14,7 +14,7 @@ import pytest
 from densekit.index import FaissIndex, IndexSpec, SearchIndex, build_index
 from densekit.index import memory as memory_module
 from densekit.index.backends import faiss_index
-from densekit.index.recall import RecallSettings, TargetUnreachable
+from densekit.index.recall import RecallSettings, TargetUnreachable, smallest_meeting
 from densekit.index.spec import MIN_POINTS_PER_CENTROID
 from densekit.io.artefact import read_manifest
 from densekit.io.fingerprint import file_digest
@@ -147,6 +147,39 @@ def test_the_chosen_setting_is_the_smallest_a_brute_force_sweep_finds(
     assert chosen > values[0]  # the target chose: the smallest value does not meet it
 
 
+def saturating(cap: float, rate: float, shape: str):
+    """A recall curve over values 1, 2, ... that rises ever more slowly as the value doubles, towards
+    `cap` (`concave`), or slowly first and then so (`s-shaped`, as a tiny nprobe can give)."""
+    if shape == "concave":
+        return lambda value: cap * (1 - value**-rate)
+    return lambda value: cap / (1 + np.exp(-rate * (np.log2(value) - 4)))
+
+
+@pytest.mark.parametrize("shape", ["concave", "s-shaped"])
+def test_giving_up_at_a_plateau_never_changes_what_the_search_chooses(shape: str):
+    candidates = list(range(1, 2191))  # an IVF of 2,190 lists, as at 300k wiki1m vectors
+    gave_up_early = 0
+    for cap in (0.8, 0.85, 0.9, 0.95, 0.99, 1.0):
+        for rate in (0.3, 0.6, 1.0, 2.0):
+            curve = saturating(cap, rate, shape)
+            for target in (0.5, 0.8, 0.9, 0.95, 0.97):
+                swept = next((value for value in candidates if curve(value) >= target), None)
+                chosen, tried = smallest_meeting(candidates, curve, target, str)
+                assert chosen == swept, (cap, rate, target)
+                gave_up_early += chosen is None and candidates[-1] not in tried
+    assert gave_up_early > 10  # the plateau rule took effect where the target is out of reach
+
+
+def test_an_ivfpq_target_its_codes_cannot_reach_stops_probing_where_recall_stops_growing(caplog):
+    recall_by_nprobe = {1: 0.3919, 3: 0.5621, 7: 0.6608, 15: 0.7276, 31: 0.7729, 63: 0.8041, 127: 0.8256,
+                        255: 0.8381, 511: 0.8452, 1023: 0.8480, 2047: 0.8489, 2190: 0.8489}  # fmt: skip
+    # measured on 300,000 wiki1m vectors (benchmarks/wiki_ann.py's log): every doubling up to all lists
+    with caplog.at_level(logging.INFO, logger="densekit.index.recall"):
+        chosen, tried = smallest_meeting(list(range(1, 2191)), recall_by_nprobe.__getitem__, 0.95, str)
+    assert chosen is None and max(tried) == 255
+    assert "cannot reach 0.95 at that rate: stopping" in caplog.text
+
+
 def test_search_mining_and_serving_load_the_recorded_setting_unless_told(clustered, queries, tmp_path: Path):
     store = fake_store(tmp_path / "emb", clustered)
     for spec, name in ((IndexSpec(type="ivfpq", pq_m=32, pq_bits=5), "nprobe"),
@@ -213,8 +246,10 @@ def test_each_setting_tried_is_logged_with_its_recall_and_the_exact_search_shows
     before = logged[: len(logged) - len(expected)]  # IVF-PQ: its codes alone first, not recorded
     assert logged[len(before) :] == expected
     codes_alone = rf"nprobe \d+: recall@10 0\.\d{{4}} \(target {target}\)"
-    assert all(re.fullmatch(codes_alone, line) for line in before)
-    assert (spec.type == "hnsw" and not before) or before[-1].startswith(f"nprobe {chosen.nlist}:")
+    gained = r"gained -?0\.\d{4} and -?0\.\d{4} on the last two doublings"
+    gave_up = rf"nprobe \d+: recall@10 0\.\d{{4}} {gained}; .*: stopping"
+    assert all(re.fullmatch(codes_alone, line) for line in before[:-1])
+    assert (spec.type == "hnsw" and not before) or re.fullmatch(f"{codes_alone}|{gave_up}", before[-1])
     err = capfd.readouterr().err
     assert "exact search of 300 held-out queries: 2000/2000 100%" in err, err
 
