@@ -19,8 +19,8 @@ Each index is built by densekit (`build_index`, what `densekit index` runs):
 
 For each, at the setting chosen on the train queries: recall@10 against flat on the test queries (and
 the train queries' at build), nDCG@10 on the test queries beside flat's, the build's seconds (with the
-target's search on the train queries), the index file's size and the resident memory its loading
-added, the process's peak so far; queries a second on `--threads` threads (1 and 2), one query a call
+target's search on the train queries), the index file's size and the resident memory loading it adds
+to a fresh process; queries a second on `--threads` threads (1 and 2), one query a call
 and 32 (`--batches`), alternating with raw faiss: the same index type built directly with faiss
 (`index_factory` of the same description, trained on as many vectors, the same `efConstruction`, the
 same search parameters set), searched on the same threads, giving densekit's speed as a ratio to raw
@@ -68,7 +68,6 @@ from benchmarks.wiki_inputs import (
     Passages,
     array_digest,
     parse_sizes,
-    resident_mib,
     setup_logging,
     wiki_parser,
     write_array,
@@ -186,6 +185,7 @@ class SizeRun:
         else:
             inputs = {**made, "flat": self.results["flat"]["quality"]["made_from"]}
             self.stage(entry, "quality", inputs, lambda: self.quality(index, np.load(exact_file)))
+        self.stage(entry, "memory", made, lambda: load_memory(folder, setting_of(built)))
         raw_file = self.work / f"faiss-{entry}.faiss"
         self.stage(entry, "faiss", made, lambda: self.build_raw(index, raw_file, np.load(exact_file)),
                    present=raw_file.is_file)  # fmt: skip
@@ -253,11 +253,11 @@ class SizeRun:
         return {**self.scores(flat), "recall@10": 1.0}
 
     def scores(self, loaded: Loaded) -> dict:
-        """nDCG@10 of the test queries and the memory loading the index added."""
+        """nDCG@10 of the test queries."""
         from densekit.evaluation.measures import evaluate
 
         run = loaded.index.search_run(self.test, self.test_ids, DEPTH)
-        return {"nDCG@10": evaluate(self.qrels, run, ["nDCG@10"])["nDCG@10"], "load_rss_mib": loaded.rss_mib}
+        return {"nDCG@10": evaluate(self.qrels, run, ["nDCG@10"])["nDCG@10"]}
 
     def quality(self, loaded: Loaded, exact: np.ndarray) -> dict:
         """Recall@10 against flat and nDCG@10 (and its difference from flat's) on the test queries."""
@@ -318,14 +318,37 @@ class SizeRun:
         return {"points": points, "setting": setting_name(self.args.sweep_threads, self.args.sweep_batch)}
 
 
+LOAD_AND_MEASURE = """
+import json, sys
+import faiss
+from benchmarks.wiki_inputs import resident_mib
+from densekit.index import SearchIndex
+before = resident_mib()
+index = SearchIndex.load(sys.argv[1])
+index.set_search_parameters(**json.loads(sys.argv[2]))
+print(json.dumps({"load_rss_mib": round(resident_mib() - before, 1)}))
+"""
+
+
+def load_memory(folder: Path, setting: dict[str, int]) -> dict:
+    """The resident memory loading the index at `setting` adds to a fresh process that has imported
+    faiss and densekit: measured in the benchmark's own process, memory it had freed took the codes of
+    a small index unseen (IVF-PQ's 33 MiB at 300k showed as 0)."""
+    import json
+    import subprocess
+    import sys
+
+    said = subprocess.run([sys.executable, "-c", LOAD_AND_MEASURE, str(folder), json.dumps(setting)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return {**json.loads(said.stdout.strip().splitlines()[-1]), "process": "fresh"}
+
+
 class Loaded:
-    """A saved densekit index, loaded on first use at its search setting; `rss_mib` is what loading it
-    added to the process's resident memory."""
+    """A saved densekit index, loaded on first use at its search setting."""
 
     def __init__(self, folder: Path, setting: dict[str, int]):
         self.folder, self.setting = folder, setting
         self._index: Any = None
-        self.rss_mib = 0.0
 
     @staticmethod
     def spec_of(folder: Path) -> Any:
@@ -342,9 +365,7 @@ class Loaded:
         if self._index is None:
             from densekit.index import SearchIndex
 
-            before = resident_mib()
             self._index = SearchIndex.load(self.folder)
-            self.rss_mib = round(resident_mib() - before, 1)
             self.set()
         return self._index
 
@@ -377,10 +398,14 @@ def indexes(size: dict) -> dict[str, dict]:
     return {entry: result for entry, result in size.items() if isinstance(result, dict) and "build" in result}
 
 
-def goals(size: dict, target: float) -> dict:
+GOAL_RECALL = 0.95  # issue 67's floor on the test queries, whatever target chose the setting on train
+
+
+def goals(size: dict) -> dict:
     """Issue 67's goals, reported against: each approximate index's speed over flat's at each setting,
-    whether it meets recall@10 >= `target` on the test queries with nDCG@10 within 0.005 of flat's at
-    >= 5x flat's speed, and densekit's speed against raw faiss's (>= 0.95x)."""
+    whether it meets recall@10 >= `GOAL_RECALL` on the test queries with nDCG@10 within 0.005 of flat's
+    at >= 5x flat's speed, and densekit's speed against raw faiss's (>= 0.95x). A higher
+    `--target-recall` may be what it takes to keep nDCG@10 within 0.005."""
     flat = size.get("flat", {}).get("speed")
     if not flat:
         return {}
@@ -392,7 +417,7 @@ def goals(size: dict, target: float) -> dict:
         quality = result["quality"]
         speedups = {setting: round(speed["densekit_qps"] / flat[setting]["densekit_qps"], 2)
                     for setting, speed in speeds(result["speed"]).items() if setting in flat}  # fmt: skip
-        accurate = quality["recall@10"] >= target and -quality["nDCG@10_minus_flat"] <= 0.005
+        accurate = quality["recall@10"] >= GOAL_RECALL and -quality["nDCG@10_minus_flat"] <= 0.005
         report[entry] = {
             "speedup_over_flat": speedups, "recall_and_nDCG_met": accurate,
             "5x_flat_met_at": [setting for setting, x in speedups.items() if accurate and x >= 5],
@@ -418,15 +443,21 @@ def table(results: dict) -> str:
                    "test R@10", "nDCG@10 (- flat)",
                    *(f"q/s {s} (x flat; /faiss)" for s in settings)]  # fmt: skip
         lines += ["| " + " | ".join(heading) + " |", "|" + "---|" * len(heading)]
+        footnote = False
         for entry, result in indexes(size).items():
             build, quality = result["build"], result.get("quality", {})
             chosen = result.get("choose", {}).get("chosen_on_train")
             parameters = {"nprobe": chosen["nprobe"]} if chosen else build["at_build"].get("parameters", {})
             train = chosen["recall@10"] if chosen else build["at_build"].get("recall@10", 1.0)
             raw, nan = result.get("faiss", {}), float("nan")
+            memory = result.get("memory", {}).get("load_rss_mib")
+            in_process = memory is None and "load_rss_mib" in quality  # runs before the memory stage
+            memory = quality["load_rss_mib"] if in_process else memory
+            rss = "" if memory is None else f"{memory:.0f}" + "*" * in_process
+            footnote |= in_process
             cells = [entry, ", ".join(f"{k} {v}" for k, v in parameters.items()) or "exact",
                      f"{build['build_s']:.0f} ({raw.get('build_s', nan):.0f})",
-                     f"{build['index_file_mib']:.0f}", f"{quality.get('load_rss_mib', nan):.0f}",
+                     f"{build['index_file_mib']:.0f}", rss,
                      f"{train:.4f}", f"{quality.get('recall@10', nan):.4f}",
                      f"{quality.get('nDCG@10', nan):.4f} "
                      f"({quality.get('nDCG@10_minus_flat', 0):+.4f})"]  # fmt: skip
@@ -440,9 +471,15 @@ def table(results: dict) -> str:
                     f"{speed['densekit_qps']:,.0f} ({over:.2f}x; {speed.get('ratio', float('nan')):.2f})"
                 )
             lines.append("| " + " | ".join(cells) + " |")
+        if footnote:
+            lines += [
+                "",
+                "\\* Load RSS measured in the benchmark's own process (before the memory stage), "
+                "where memory it had freed can hide a small index's (IVF-PQ's codes showed as 0).",
+            ]
         met = size.get("goals", {}).get("approximate_5x_met_by")
         if met is not None:
-            lines += ["", f"Goal (>= 5x flat at test recall@10 >= target, nDCG@10 within 0.005): "
+            lines += ["", f"Goal (>= 5x flat at test recall@10 >= {GOAL_RECALL}, nDCG@10 within 0.005): "
                           f"{', '.join(met) or 'not met'}."]  # fmt: skip
         lines.append("")
     return with_commands(lines, results)
@@ -500,7 +537,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def derived(results: dict, where: tuple[str, ...]) -> None:
         for size in results.get("sizes", {}).values():
-            size["goals"] = goals(size, args.target_recall)
+            size["goals"] = goals(size)
         output.with_suffix(".md").write_text(table(results), encoding="utf-8")
         if not where or where[-1] == "sweep":  # what the plots draw is done
             plot(results, output)
