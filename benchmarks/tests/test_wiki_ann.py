@@ -125,3 +125,22 @@ def test_the_goal_asks_recall_0_95_on_the_test_queries_whatever_target_chose_the
         report["indexes"]["slow"]["recall_and_nDCG_met"]
         and not report["indexes"]["lossy"]["recall_and_nDCG_met"]
     )
+
+
+def test_raw_faiss_can_search_densekit_s_own_file_instead_of_building_again(
+    tmp_path: Path, tiny_st_model: Path
+):
+    _, part, embeddings = wiki_like(tmp_path, tiny_st_model)
+    work, output = tmp_path / "work", tmp_path / "results" / "ann.json"
+    main(["--sizes", f"small={part}", "--embeddings", str(embeddings), "--model", str(tiny_st_model),
+          "--work", str(work), "--output", str(output), "--threads", "1", "--batches", "1",
+          "--seconds", "0.02", "--rounds", "1", "--skip", "hnsw-m32", "ivfpq", "ivfpq-refine",
+          "--faiss-from", "densekit"])  # fmt: skip
+    size = json.loads(output.read_text())["sizes"]["small"]
+    for name in ("flat", "hnsw-m16"):
+        raw = size[name]["faiss"]
+        assert raw["from"] == "densekit's index file" and "build_s" not in raw
+        assert raw["recall@10"] == size[name]["quality"]["recall@10"]  # the very index densekit searches
+        assert size[name]["speed"]["1 thread, 1 a call"]["faiss_qps"] > 0
+    assert not list(work.glob("small/faiss-*.faiss"))  # nothing built a second time
+    assert "(same file)" in output.with_suffix(".md").read_text()
