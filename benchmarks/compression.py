@@ -48,7 +48,7 @@ same inputs is kept, so a killed run resumes. Run from the repository root:
         --output benchmarks/results/compression_collections.json
     # a wiki1m slice (`densekit slice`) with the whole corpus's vectors (`densekit encode`):
     nice -n 10 .venv/bin/python -m benchmarks.compression --sizes 100k=runs/wiki/data-wiki-100k \
-        --embeddings runs/wiki/embeddings --output runs/benchmarks/compression_wiki.json
+        --embeddings runs/wiki/enc1m --output runs/benchmarks/compression_wiki.json
 """
 
 from __future__ import annotations

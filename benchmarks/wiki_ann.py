@@ -37,12 +37,12 @@ Results go to `--output` (JSON, with each run's command and machine) and a markd
 (`.md`), saved after every stage; a stage already measured from the same inputs is kept, so a killed
 run started again resumes (indexes stay under `--work/NAME/`). Run from the repository root:
 
-    E="--embeddings runs/wiki/embeddings --work runs/wiki/bench"
-    A="nice -n 5 .venv/bin/python -m benchmarks.wiki_ann $E"
-    $A --sizes 100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k \
-        --output benchmarks/results/wiki_ann.json
-    $A --sizes 100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k 1m=../shared/data/wiki1m \
-        --output benchmarks/results/wiki_ann.json   # adds 1m, keeping what 100k and 300k measured
+    A="nice -n 5 .venv/bin/python -m benchmarks.wiki_ann --work runs/wiki/bench"
+    A="$A --output benchmarks/results/wiki_ann.json"
+    $A --embeddings runs/wiki/enc300 --sizes 100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k
+    $A --embeddings runs/wiki/enc1m --sizes 1m=../shared/data/wiki1m --faiss-from densekit  # keeps the others
+
+A size measured from other vectors is measured again (the stages' inputs name them).
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ two, the fine-tuned run in a test of its own, as `densekit compare` of the two r
 is written as TREC under `--work/NAME/` (`densekit compare` and `evaluate` read them); the results go
 to `--output` (JSON, with each run's command and machine) and a markdown table beside it (`.md`), both
 saved after every stage. A stage already measured from the same inputs is kept: a killed run started
-again resumes. Run from the repository root (`runs/wiki/embeddings`: the whole corpus's embeddings):
+again resumes. Run from the repository root (`runs/wiki/enc1m`: the whole corpus's embeddings):
 
     S="100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k 1m=../shared/data/wiki1m"
-    E="--embeddings runs/wiki/embeddings --work runs/wiki/bench"
+    E="--embeddings runs/wiki/enc1m --work runs/wiki/bench"
     Q="nice -n 5 .venv/bin/python -m benchmarks.wiki_quality $E"
     $Q --sizes $S --output benchmarks/results/wiki_quality.json
     nice -n 5 .venv/bin/densekit run benchmarks/recipes/wiki1m-round1.yaml --out runs/wiki/round1
