@@ -195,11 +195,11 @@ def smallest_meeting(
 
     The doubling gives up early where recall has stopped growing: once the last step gained no more
     than the one before it, and the larger of the two gains times the steps left to the largest
-    candidate falls short of the target, no candidate meets it (recall grows ever more slowly as the
-    value doubles: each probed list or kept candidate is less likely than the last to hold a true
-    neighbour; the larger gain, so that one step's noise, a query or two, does not end it). Without this, an
-    IVF-PQ index whose codes cannot reach the target is searched at every doubling up to probing all its
-    lists (8 minutes on 300,000 wiki1m vectors, most of them beyond recall's plateau)."""
+    candidate falls short of the target, no candidate meets it. Recall grows ever more slowly as the
+    value doubles (each list probed or candidate kept is less likely than the last to hold a true
+    neighbour); the larger gain is taken so that one step's noise, a query or two, does not end it.
+    Without this, an IVF-PQ index whose codes cannot reach the target is searched at every doubling up
+    to all its lists (8 minutes on 300,000 wiki1m vectors, most of them past recall's plateau)."""
     tried: dict[int, float] = {}
 
     def meets(position: int) -> bool:
@@ -238,7 +238,7 @@ def smallest_meeting(
 
 
 def _steps_left(below: int, step: int, count: int) -> int:
-    """How many more values the doubling of `smallest_meeting` would try before the last candidate."""
+    """How many more values the doubling of `smallest_meeting` would try, the last candidate included."""
     steps = 0
     while True:
         steps += 1
