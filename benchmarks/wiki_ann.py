@@ -359,7 +359,10 @@ def load_memory(folder: Path, setting: dict[str, int]) -> dict:
     import sys
 
     said = subprocess.run([sys.executable, "-c", LOAD_AND_MEASURE, str(folder), json.dumps(setting)],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+                          capture_output=True, text=True)  # fmt: skip
+    if said.returncode != 0:
+        reason = (said.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"measuring the memory of loading {folder} failed: {reason}")
     return {**json.loads(said.stdout.strip().splitlines()[-1]), "process": "fresh"}
 
 

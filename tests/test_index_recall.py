@@ -170,6 +170,16 @@ def test_giving_up_at_a_plateau_never_changes_what_the_search_chooses(shape: str
     assert gave_up_early > 10  # the plateau rule took effect where the target is out of reach
 
 
+def test_a_second_choice_whose_largest_value_met_the_target_never_gives_up():
+    # flat until the last value, which (as the widest re-ranking at the nprobe it chose) meets the target
+    def recall_of(value: int) -> float:
+        return 0.96 if value == 64 else 0.5
+
+    candidates = list(range(1, 65))
+    assert smallest_meeting(candidates, recall_of, 0.95, str)[0] is None  # the plateau, taken as final
+    assert smallest_meeting(candidates, recall_of, 0.95, str, largest_meets=True)[0] == 64
+
+
 def test_an_ivfpq_target_its_codes_cannot_reach_stops_probing_where_recall_stops_growing(caplog):
     recall_by_nprobe = {1: 0.3919, 3: 0.5621, 7: 0.6608, 15: 0.7276, 31: 0.7729, 63: 0.8041, 127: 0.8256,
                         255: 0.8381, 511: 0.8452, 1023: 0.8480, 2047: 0.8489, 2190: 0.8489}  # fmt: skip

@@ -184,6 +184,7 @@ def smallest_meeting(
     recall_of: Callable[[int], float | None],
     target: float,
     label: Callable[[int], str],
+    largest_meets: bool = False,
 ) -> tuple[int | None, dict[int, float]]:
     """The smallest of the sorted `candidates` whose recall meets `target` (None when none can), and
     every recall measured on the way: positions 0, 1, 3, 7, ... until one meets it, then bisection
@@ -199,7 +200,9 @@ def smallest_meeting(
     value doubles (each list probed or candidate kept is less likely than the last to hold a true
     neighbour); the larger gain is taken so that one step's noise, a query or two, does not end it.
     Without this, an IVF-PQ index whose codes cannot reach the target is searched at every doubling up
-    to all its lists (8 minutes on 300,000 wiki1m vectors, most of them past recall's plateau)."""
+    to all its lists (8 minutes on 300,000 wiki1m vectors, most of them past recall's plateau). With
+    `largest_meets` (the largest candidate is known to meet the target: a second choice at a setting
+    the first met), it never gives up."""
     tried: dict[int, float] = {}
 
     def meets(position: int) -> bool:
@@ -223,7 +226,7 @@ def smallest_meeting(
                 gains.append(tried[candidates[position]] - tried[candidates[below]])
             below, step = position, step * 2
             reached, left = tried[candidates[below]], _steps_left(below, step, len(candidates))
-            if _plateaued(gains, target - reached, left):
+            if not largest_meets and _plateaued(gains, target - reached, left):
                 log.info("%s: recall@10 %.4f gained %.4f and %.4f on the last two doublings; the %d left "
                          "to %s cannot reach %s at that rate: stopping", label(candidates[below]), reached,
                          gains[-2], gains[-1], left, candidates[-1], target)  # fmt: skip
@@ -313,8 +316,9 @@ def choose_refined(
 
     nprobe = probed.spec.nprobe
     k_factor, tried = smallest_meeting(
-        list(range(1, MAX_K_FACTOR + 1)), recall_of, target, lambda k: f"nprobe {nprobe}, refine_k_factor {k}"
-    )
+        list(range(1, MAX_K_FACTOR + 1)), recall_of, target,
+        lambda k: f"nprobe {nprobe}, refine_k_factor {k}", largest_meets=True,
+    )  # fmt: skip
     assert k_factor is not None, "the widest re-ranking met the target at this nprobe"
     return Chosen(probed.spec.updated(refine_k_factor=k_factor), {**probed.tried, "refine_k_factor": tried})
 

@@ -543,6 +543,7 @@ def _choose(
     depth, tried["rescore"] = recall_module.smallest_meeting(
         list(range(MAX_RESCORE + 1)), recall_with(rescore=lambda value: value or None), target,
         lambda value: f"rescore {value}" if value else "the codes alone",
+        largest_meets=parameter is not None,  # the search parameter was chosen rescoring MAX_RESCORE x k
     )  # fmt: skip
     if depth is None:
         best = max(tried["rescore"], key=lambda value: tried["rescore"][value])
