@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
-import torch.multiprocessing as mp
 
 from densekit.data.examples import read_examples, write_examples
 from densekit.training.contrastive import kl_distillation_loss, margin_mse_loss
 
+from .processes import run_in_processes
 from .test_training import _free_port, _one_step_worker, gradients, make_config, make_task, max_difference
 
 
@@ -109,12 +109,7 @@ def test_two_processes_distil_like_one(scored, still_model: Path, tmp_path: Path
     config = make_config(scored, still_model, optim={"batch_size": 8}, loss={"distillation": "margin_mse"})
     single = make_task(config)
     single_result = single.forward_backward(single.batch(0, 0))
-    mp.spawn(
-        _one_step_worker,
-        args=(2, _free_port(), config.model_dump_json(), str(tmp_path / "g")),
-        nprocs=2,
-        join=True,
-    )
+    run_in_processes(_one_step_worker, (2, _free_port(), config.model_dump_json(), str(tmp_path / "g")))
     two = safetensors.torch.load_file(str(tmp_path / "g"))
     saved = json.loads((tmp_path / "g.json").read_text())
     # process 0 reports its half's distillation term; the gradients are of the whole batch

@@ -10,7 +10,8 @@ What each block gets, by its language:
   is a folder of that name in the working folder holding the tests' tiny random sentence-transformers
   model (an existing folder wins over the bundled model, as for any name); `recipes/` and `benchmarks/`
   are the repository's. The workspace already holds what the README's pipeline makes (PREPARED), `$D`
-  is set as the README sets it, and `~` is the workspace's own home.
+  is set as the README sets it, and `~` is the workspace's own home. Their `densekit` commands and
+  Python scripts start warm, with torch and transformers already imported (tests/warm_command.py).
 - `yaml` and `json` blocks must parse.
 - Any block may instead carry `<!-- not-run: REASON -->` on the line right before its opening fence: it
   is skipped, and its reason shown. A block in another language (a layout, an output) must carry it.
@@ -40,6 +41,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from .warm_command import WarmCommand
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -176,11 +179,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def environment(workspace: Path, **extra: str) -> dict[str, str]:
-    """The environment a block runs in: this virtualenv's commands first, the workspace's home, no hub."""
+def environment(workspace: Path, first_on_path: Path | None = None, **extra: str) -> dict[str, str]:
+    """The environment a block runs in: this virtualenv's commands first (after `first_on_path`, where
+    given), the workspace's home, no hub."""
     names = {name: value for name, value in os.environ.items() if name != "DENSEKIT_API_KEY"}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     names.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        PATH=f"{first_on_path}{os.pathsep}{path}" if first_on_path else path,
         HOME=str(workspace / "home"),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
@@ -192,13 +197,14 @@ def environment(workspace: Path, **extra: str) -> dict[str, str]:
 
 
 def run_shell(
-    script: str, workspace: Path, timeout: float = TIMEOUT, **extra: str
+    script: str, workspace: Path, first_on_path: Path | None = None, timeout: float = TIMEOUT, **extra: str
 ) -> subprocess.CompletedProcess:
-    """Run `script` with bash (stopping at the first failing command) in the workspace's repository."""
+    """Run `script` with bash (stopping at the first failing command) in the workspace's repository,
+    with the commands of `first_on_path` (where given) before the virtualenv's."""
     return subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", script],
         cwd=workspace / "repo",
-        env=environment(workspace, **extra),
+        env=environment(workspace, first_on_path, **extra),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -259,15 +265,28 @@ def workspace(prepared_workspace: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def docs_service(tmp_path_factory: pytest.TempPathFactory, tiny_st_model: Path) -> Iterator[str]:
-    """`densekit serve` as docs/serving.md starts it, over a workspace of its own (the blocks' is laid anew
-    under them); yields its host:port."""
+def warm_densekit(
+    prepared_workspace: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WarmCommand]:
+    """`densekit` for the shell blocks, started warm (tests/warm_command.py): the server runs in the
+    environment the blocks run in."""
+    warm = WarmCommand(tmp_path_factory.mktemp("warm-densekit"), environment(prepared_workspace))
+    yield warm
+    warm.stop()
+
+
+@pytest.fixture(scope="session")
+def docs_service(
+    tmp_path_factory: pytest.TempPathFactory, tiny_st_model: Path, warm_densekit: WarmCommand
+) -> Iterator[str]:
+    """`densekit serve` as docs/serving.md starts it (warm), over a workspace of its own (the blocks' is
+    laid anew under them); yields its host:port."""
     import httpx
 
     own_workspace = make_workspace(tmp_path_factory.mktemp("docs-service"), tiny_st_model)
 
     port = free_port()
-    command = [sys.executable, "-m", "densekit", *SERVICE.split(), "--port", str(port)]
+    command = [str(warm_densekit.bin / "densekit"), *SERVICE.split(), "--port", str(port)]
     log = own_workspace / "serve.log"
     with log.open("w") as output:
         process = subprocess.Popen(
@@ -342,8 +361,8 @@ def test_docs_example(block: Block, request: pytest.FixtureRequest) -> None:
             pytest.fail(f"{block.where}: the {block.language} example does not parse: {err}")
         return
     if block.language in SHELLS:
-        workspace = request.getfixturevalue("workspace")
-        result = run_shell(shell_script(block), workspace, DOCS_CHECK_PORT=str(free_port()))
+        workspace, warm = request.getfixturevalue("workspace"), request.getfixturevalue("warm_densekit")
+        result = run_shell(shell_script(block), workspace, warm.bin, DOCS_CHECK_PORT=str(free_port()))
         assert result.returncode == 0, failure(block, result)
         return
     if block.language == "python":
@@ -353,7 +372,7 @@ def test_docs_example(block: Block, request: pytest.FixtureRequest) -> None:
             text = text.replace(DOCS_PORT, request.getfixturevalue("docs_service"))
         (workspace / "example.py").write_text(text, encoding="utf-8")
         result = subprocess.run(
-            [sys.executable, "../example.py"],
+            [request.getfixturevalue("warm_densekit").python, "../example.py"],
             cwd=workspace / "repo",
             env=environment(workspace),
             capture_output=True,

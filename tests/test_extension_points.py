@@ -1,17 +1,17 @@
 """Each "how to add" of docs/design.md done as it is written: the piece its example shows becomes the ONE
 new file of a copy of densekit's sources, nothing else changes, and with that copy first on PYTHONPATH
 the registry's shared tests, the command line (a recipe, and `search` for a routing strategy) and
-lint-imports run it.
+lint-imports run it. The shared tests and the commands run in one interpreter, one after the other.
 
 "One new file, no other file edited" is checked rather than assumed:
 
 - the copy is `src/densekit` copied whole (without `__pycache__`), with the example written into it;
   after every run it is compared with the checkout file by file (names and bytes), and the one
   difference allowed is the new file;
-- each run is a fresh interpreter whose `PYTHONPATH` is the copy's folder and that writes no bytecode
-  there; the shared tests are this checkout's test files, unedited, whose matrices are the registries,
-  and lint-imports reads this checkout's `pyproject.toml`, unedited, and must count every module of the
-  copy, the new one among them;
+- each run is a fresh interpreter (one for the tests and commands, one for lint-imports) whose
+  `PYTHONPATH` is the copy's folder and that writes no bytecode there; the shared tests are this
+  checkout's test files, unedited, whose matrices are the registries, and lint-imports reads this
+  checkout's `pyproject.toml`, unedited, and must count every module of the copy, the new one among them;
 - nothing names the new module: its package finds it among its files (`import_every_module`).
 """
 
@@ -75,12 +75,16 @@ class PackageCopy:
         self.check_one_new_file()
         return result
 
-    def shared_tests(self, test_file: str, name: str, tmp_path: Path) -> dict[str, str]:
-        """Run `test_file`'s tests of the piece `name` and its check that every registered piece is in
-        the matrices; the outcome of each, by test function and parameter."""
+    def check(self, test_file: str, name: str, tmp_path: Path, then: str = "") -> dict[str, str]:
+        """In one fresh interpreter importing densekit from the copy: `test_file`'s tests of the piece
+        `name` and its check that every registered piece is in the matrices, then the Python `then`, in
+        which `densekit(*words)` runs a command as the command line does (one interpreter for all: each
+        costs about 10 s of imports here). The outcome of each test, by test function and parameter."""
         report = tmp_path / "shared.xml"
-        self.run("-m", "pytest", f"tests/{test_file}", "-k", f"{name} or through_the_shared", "-n", "0",
-                 "-p", "no:randomly", "-p", "no:cacheprovider", "-q", f"--junitxml={report}")  # fmt: skip
+        arguments = [f"tests/{test_file}", "-k", f"{name} or through_the_shared", "-n", "0",
+                     "-p", "no:randomly", "-p", "no:cacheprovider", "-q", f"--junitxml={report}"]  # fmt: skip
+        tests = f"import sys, pytest\nif pytest.main({arguments!r}):\n    sys.exit(1)\n"
+        self.run("-c", tests + COMMAND_LINE + then)
         outcomes = {}
         for case in ElementTree.parse(report).getroot().iter("testcase"):
             failed = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
@@ -95,6 +99,26 @@ class PackageCopy:
         modules = len(list((self.src / "densekit").rglob("*.py")))
         assert f"Analyzed {modules} files" in said, said[-2000:]
         assert "0 broken" in said
+
+
+# `densekit(*words)`: the command line's entry point run on `words` in the interpreter it is in
+COMMAND_LINE = """
+from densekit.cli.main import main
+
+
+def densekit(*words):
+    sys.argv = ["densekit", *words]
+    try:
+        main()
+    except SystemExit as done:
+        if done.code not in (0, None):
+            raise
+"""
+
+
+def run_recipe(path: Path, out: Path) -> str:
+    """The `densekit run` of the recipe at `path` into `out`, as `then` code."""
+    return f"densekit('run', {str(path)!r}, '--out', {str(out)!r}, '--device', 'cpu', '--no-progress')\n"
 
 
 def passed(outcomes: dict[str, str], name: str, tests: list[str]) -> None:
@@ -127,12 +151,9 @@ def write_yaml(path: Path, tree: dict) -> Path:
     return path
 
 
-@pytest.mark.timeout(3000)  # a test run, two commands and lint-imports, each in a new process
+@pytest.mark.timeout(3000)  # the shared tests and a recipe in one new interpreter, then lint-imports
 def test_a_module_kind_is_one_new_file(collection, tiny_model: Path, tmp_path: Path):
     copy = PackageCopy(tmp_path / "copy", "src/densekit/models/modules/kinds/ln_tuning.py")
-    outcomes = copy.shared_tests("test_modules.py", "ln_tuning", tmp_path)
-    passed(outcomes, "ln_tuning", MODULE_KIND_TESTS)
-
     root, train = collection
     config = {"model": {"path": str(tiny_model), "pooling": "mean"},
               "data": {"path": str(root), "train": str(train), "group_size": 3},
@@ -144,8 +165,9 @@ def test_a_module_kind_is_one_new_file(collection, tiny_model: Path, tmp_path: P
         "embeddings": {"type": "encode", "model": "{out}/module/model", "data": str(root),
                        "output": "{out}/embeddings"},
     }}  # fmt: skip
-    copy.run("-m", "densekit", "run", str(write_yaml(tmp_path / "recipe.yaml", recipe)),
-             "--out", str(tmp_path / "recipe"), "--device", "cpu", "--no-progress")  # fmt: skip
+    then = run_recipe(write_yaml(tmp_path / "recipe.yaml", recipe), tmp_path / "recipe")
+    passed(copy.check("test_modules.py", "ln_tuning", tmp_path, then), "ln_tuning", MODULE_KIND_TESTS)
+
     model = tmp_path / "recipe" / "module" / "model"
     assert json.loads((model / "densekit-module.json").read_text())["spec"]["type"] == "ln_tuning"
     trained = safetensors.torch.load_file(str(model / "adapter_model.safetensors"))
@@ -154,7 +176,7 @@ def test_a_module_kind_is_one_new_file(collection, tiny_model: Path, tmp_path: P
     copy.lint_imports()
 
 
-@pytest.mark.timeout(3000)  # a test run, two commands and lint-imports, each in a new process
+@pytest.mark.timeout(3000)  # the shared tests, a route, search and a recipe in one interpreter, lint-imports
 def test_a_routing_strategy_is_one_new_file(tiny_model: Path, beir_dir: Path, tmp_path: Path):
     from densekit.data import Dataset
     from densekit.data.trec import read_run
@@ -166,24 +188,27 @@ def test_a_routing_strategy_is_one_new_file(tiny_model: Path, beir_dir: Path, tm
     from .test_routing import base_index
 
     copy = PackageCopy(tmp_path / "copy", "src/densekit/routing/strategies/mixture.py")
-    outcomes = copy.shared_tests("test_routing.py", "mixture", tmp_path)
-    passed(outcomes, "mixture", STRATEGY_TESTS)
-
     encoder = DenseEncoder.load(tiny_model, pooling="mean", normalize=True).eval()
     for seed, name in enumerate("ab"):
         put_module(encoder, "query-lora", name, seed=seed)
         encoder.save(tmp_path / name)
     encoder.own = None
     index = base_index(encoder, beir_dir, tmp_path)
-    make_route = (
+    route, index_folder = str(tmp_path / "route"), str(tmp_path / "index")
+    modules = [str(tmp_path / "a"), str(tmp_path / "b")]
+    bench = {"type": "benchmark", "model": route, "data": [str(beir_dir)], "indexes": [index_folder], "k": 3,
+             "output": "{out}/bench"}  # fmt: skip
+    then = (
         "from densekit.routing.route import Route, load_modules\n"
         "from densekit.routing.strategies import RouteSpec\n"
-        f"encoder, names = load_modules([{str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r}])\n"
+        f"encoder, names = load_modules({modules!r})\n"
         "spec = RouteSpec(type='mixture', modules=names, weights=[0.25, 0.75])\n"
-        f"Route(encoder, spec).save({str(tmp_path / 'route')!r}, dict(zip(names, "
-        f"[{str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r}])))\n"
+        f"Route(encoder, spec).save({route!r}, dict(zip(names, {modules!r})))\n"
+        f"densekit('search', {route!r}, {index_folder!r}, {str(beir_dir)!r}, '--k', '3', "
+        f"'-o', {str(tmp_path / 'searched.trec')!r}, '--no-progress', '--device', 'cpu')\n"
+        + run_recipe(write_yaml(tmp_path / "recipe.yaml", {"steps": {"bench": bench}}), tmp_path / "recipe")
     )
-    copy.run("-c", make_route)
+    passed(copy.check("test_routing.py", "mixture", tmp_path, then), "mixture", STRATEGY_TESTS)
     assert json.loads((tmp_path / "route" / "densekit-route.json").read_text())["spec"] == {
         "type": "mixture", "modules": ["a", "b"], "domains": {}, "fallback": None, "k": None,
         "weights": [0.25, 0.75],
@@ -195,15 +220,6 @@ def test_a_routing_strategy_is_one_new_file(tiny_model: Path, beir_dir: Path, tm
         mixed = routed_vectors(encoder, ["a", "b"], torch.tensor([[0.25, 0.75]] * len(queries)),
                                inputs["input_ids"], inputs["attention_mask"])  # fmt: skip
     expected = index.search_run(mixed.numpy(), list(queries), 3)
-
-    route, index_folder = str(tmp_path / "route"), str(tmp_path / "index")
-    copy.run("-m", "densekit", "search", route, index_folder, str(beir_dir), "--k", "3",
-             "-o", str(tmp_path / "searched.trec"), "--no-progress", "--device", "cpu")  # fmt: skip
-    bench = {"type": "benchmark", "model": route, "data": [str(beir_dir)], "indexes": [index_folder], "k": 3,
-             "output": "{out}/bench"}  # fmt: skip
-    recipe = {"steps": {"bench": bench}}
-    copy.run("-m", "densekit", "run", str(write_yaml(tmp_path / "recipe.yaml", recipe)),
-             "--out", str(tmp_path / "recipe"), "--device", "cpu", "--no-progress")  # fmt: skip
     (benchmarked,) = (tmp_path / "recipe" / "bench").glob("*/dense.trec")
     for path in (tmp_path / "searched.trec", benchmarked):
         run = read_run(path, Diagnostics())
@@ -212,14 +228,11 @@ def test_a_routing_strategy_is_one_new_file(tiny_model: Path, beir_dir: Path, tm
     copy.lint_imports()
 
 
-@pytest.mark.timeout(3000)  # a test run, two commands and lint-imports, each in a new process
+@pytest.mark.timeout(3000)  # the shared tests and a recipe in one new interpreter, then lint-imports
 def test_a_pretraining_objective_is_one_new_file(tiny_model: Path, tmp_path: Path):
     from .test_pretraining import TEXTS
 
     copy = PackageCopy(tmp_path / "copy", "src/densekit/pretraining/objectives/cropping.py")
-    outcomes = copy.shared_tests("test_pretraining.py", "cropping", tmp_path)
-    passed(outcomes, "cropping", OBJECTIVE_TESTS)
-
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     config = {"method": "cropping", "model": {"path": str(tiny_model), "max_length": 24},
@@ -228,8 +241,9 @@ def test_a_pretraining_objective_is_one_new_file(tiny_model: Path, tmp_path: Pat
               "device": "cpu"}  # fmt: skip
     # the pretrain step runs `densekit pretrain`'s code with the config as it stands
     recipe = {"steps": {"pretrained": {"type": "pretrain", "output": "{out}/pretrained", "config": config}}}
-    copy.run("-m", "densekit", "run", str(write_yaml(tmp_path / "recipe.yaml", recipe)),
-             "--out", str(tmp_path / "recipe"), "--device", "cpu", "--no-progress")  # fmt: skip
+    then = run_recipe(write_yaml(tmp_path / "recipe.yaml", recipe), tmp_path / "recipe")
+    passed(copy.check("test_pretraining.py", "cropping", tmp_path, then), "cropping", OBJECTIVE_TESTS)
+
     run = tmp_path / "recipe" / "pretrained"
     logged = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     assert [row["step"] for row in logged if "loss_contrastive" in row] == [1, 2]

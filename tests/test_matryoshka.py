@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
-import torch.multiprocessing as mp
 from typer.testing import CliRunner
 
 from densekit.cli import app
@@ -30,6 +29,7 @@ from densekit.training.config import TrainConfig
 from densekit.training.contrastive import ContrastiveTask
 from densekit.training.fine_tuning import run_training
 
+from .processes import run_in_processes
 from .test_distillation import scored  # noqa: F401  (a fixture)
 from .test_modules import KINDS
 from .test_training import (
@@ -157,12 +157,7 @@ def test_two_processes_train_matryoshka_like_one(collection, still_model: Path, 
     config = matryoshka_config(collection, still_model, optim={"batch_size": 8})
     single = make_task(config)
     single_loss = single.forward_backward(single.batch(0, 0))["loss"]
-    mp.spawn(
-        _one_step_worker,
-        args=(2, _free_port(), config.model_dump_json(), str(tmp_path / "g")),
-        nprocs=2,
-        join=True,
-    )
+    run_in_processes(_one_step_worker, (2, _free_port(), config.model_dump_json(), str(tmp_path / "g")))
     two = safetensors.torch.load_file(str(tmp_path / "g"))
     assert abs(json.loads((tmp_path / "g.json").read_text())["loss"] - single_loss) < 1e-10
     assert max_difference(two, gradients(single.encoder)) < 1e-10

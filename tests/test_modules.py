@@ -6,15 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import safetensors.torch
 import torch
-import torch.multiprocessing as mp
 from pydantic import TypeAdapter
 
 from densekit.encoding.embed import embed_texts
@@ -30,6 +27,8 @@ from densekit.training.checkpoint import load_state, save_state
 from densekit.training.fine_tuning import run_training
 
 from .conftest import tiny_bert
+from .hostile.commands import cli as run_command
+from .processes import run_in_processes
 from .test_arguments_not_state import each_from_threads_at_once
 from .test_training import (
     _free_port,
@@ -242,16 +241,14 @@ def test_a_module_that_does_not_fold_is_refused_naming_the_kinds_that_do(encoder
 
 
 def test_a_merged_lora_folder_loads_in_sentence_transformers_with_the_modules_embeddings(
-    encoder: DenseEncoder, tmp_path: Path
+    encoder: DenseEncoder, tmp_path: Path, capsys: pytest.CaptureFixture
 ):
     from sentence_transformers import SentenceTransformer
 
     put_module(encoder, "lora")
     encoder.save(tmp_path / "module")
-    subprocess.run(
-        [sys.executable, "-m", "densekit", "modules", "merge", tmp_path / "module", "-o", tmp_path / "full"],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+    code, err, _ = run_command(capsys, "modules", "merge", tmp_path / "module", "-o", tmp_path / "full")
+    assert code == 0, err
     theirs = SentenceTransformer(str(tmp_path / "full"), device="cpu").encode(TEXTS, convert_to_numpy=True)
     assert np.abs(theirs - embeddings(encoder)).max() < 1e-5
 
@@ -322,11 +319,8 @@ def test_two_processes_train_a_module_like_one(collection, still_model: Path, tm
     single = make_task(config)
     _lora_module(single.encoder)
     single_loss = single.forward_backward(single.batch(0, 0))["loss"]
-    mp.spawn(
-        _one_step_worker,
-        args=(2, _free_port(), config.model_dump_json(), str(tmp_path / "g"), _lora_module),
-        nprocs=2,
-        join=True,
+    run_in_processes(
+        _one_step_worker, (2, _free_port(), config.model_dump_json(), str(tmp_path / "g"), _lora_module)
     )
     two = safetensors.torch.load_file(str(tmp_path / "g"))
     assert abs(json.loads((tmp_path / "g.json").read_text())["loss"] - single_loss) < 1e-10
@@ -404,7 +398,7 @@ def test_a_module_folder_continues_training_only_as_the_same_module(
 
 
 def test_an_index_made_with_a_module_is_searched_only_with_that_module(
-    beir_dir: Path, encoder: DenseEncoder, tmp_path: Path
+    beir_dir: Path, encoder: DenseEncoder, tmp_path: Path, capsys: pytest.CaptureFixture
 ):
     from densekit.data import Dataset
     from densekit.encoding.corpus import encode_corpus
@@ -430,27 +424,14 @@ def test_an_index_made_with_a_module_is_searched_only_with_that_module(
         Retriever(encoder, index, module="second")
     assert retriever.search_run(queries, 3) == ranked  # its module is its own, whatever others ask for
 
-    def search(output: str, *module: str) -> subprocess.CompletedProcess:
-        command = [
-            "search",
-            encoder.source,
-            tmp_path / "index",
-            beir_dir,
-            "--split",
-            "test",
-            "-o",
-            tmp_path / output,
-        ]
-        return subprocess.run(
-            [sys.executable, "-m", "densekit", *map(str, command), *module], capture_output=True, text=True,
-            timeout=300,
-        )  # fmt: skip
+    def search(output: str, *module: str) -> tuple[int, str, str]:
+        return run_command(capsys, "search", encoder.source, tmp_path / "index", beir_dir, "--split", "test",
+                           "-o", tmp_path / output, *module)  # fmt: skip
 
-    assert search("run.trec", "--module", str(tmp_path / "first")).returncode == 0
-    alone = search("alone.trec")
-    assert alone.returncode == 2 and not (tmp_path / "alone.trec").exists()
-    base_alone = "built with module 'first', and this encoder encodes passages with the base model alone"
-    assert base_alone in alone.stderr
+    assert search("run.trec", "--module", str(tmp_path / "first"))[0] == 0
+    code, err, _ = search("alone.trec")
+    assert code == 2 and not (tmp_path / "alone.trec").exists()
+    assert "built with module 'first', and this encoder encodes passages with the base model alone" in err
 
 
 def _cases_of(test) -> set[str]:

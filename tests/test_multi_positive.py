@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from densekit.configuration import validate_config
@@ -21,6 +20,7 @@ from densekit.training.groups import GroupSampler
 from densekit.training.sampling import global_batch_rows
 
 from .conftest import write_beir
+from .processes import run_in_processes
 from .test_training import (
     _free_port,
     _one_step_worker,
@@ -317,12 +317,7 @@ def test_two_processes_give_the_multi_positive_loss_and_gradients_of_one(
     batch = single.batch(0, 0)
     assert batch.positives.sum(1).max() > 2  # a query's positive from another group of the whole batch
     single_loss = single.forward_backward(batch)["loss"]
-    mp.spawn(
-        _one_step_worker,
-        args=(2, _free_port(), config.model_dump_json(), str(tmp_path / "g")),
-        nprocs=2,
-        join=True,
-    )
+    run_in_processes(_one_step_worker, (2, _free_port(), config.model_dump_json(), str(tmp_path / "g")))
     two = safetensors.torch.load_file(str(tmp_path / "g"))
     assert abs(json.loads((tmp_path / "g.json").read_text())["loss"] - single_loss) < 1e-10
     assert max_difference(two, gradients(single.encoder)) < 1e-10

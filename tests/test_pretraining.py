@@ -17,7 +17,6 @@ import pytest
 import safetensors.torch
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
 from densekit.configuration import validate_config
@@ -36,6 +35,7 @@ from densekit.training import distributed
 from densekit.training.sampling import global_batch_rows
 
 from .conftest import tiny_bert
+from .processes import run_in_processes
 
 TEXTS = [
     f"document {i} talks about {topic} and unbelievably interesting {topic} matters in paragraph {i}"
@@ -529,11 +529,9 @@ def test_cocondenser_on_two_processes_gives_the_loss_and_gradients_of_one(
     labels = _seeded_task(configs[0]).batch(0, 0)["labels"]
     halves = (labels != IGNORE).reshape(2, -1).sum(1)  # each process's masked tokens
     assert halves[0] != halves[1]  # so each process's own MLM mean is not the batch's
-    mp.spawn(
+    run_in_processes(
         _cocondenser_step_worker,
-        args=(2, _free_port(), [c.model_dump_json() for c in configs], str(tmp_path / "g")),
-        nprocs=2,
-        join=True,
+        (2, _free_port(), [c.model_dump_json() for c in configs], str(tmp_path / "g")),
     )
     for index, config in enumerate(configs):
         single = _seeded_task(config)

@@ -17,7 +17,6 @@ import pytest
 import safetensors.torch
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from densekit.configuration import dump_config, validate_config
 from densekit.data import DataError
@@ -35,6 +34,7 @@ from densekit.training.grad_cache import split_inputs
 from densekit.training.sampling import global_batch_rows
 from densekit.training.trainer import Trainer
 
+from .processes import run_in_processes
 from .training_fixtures import write_training_collection
 
 
@@ -148,12 +148,7 @@ def test_two_processes_give_the_loss_and_gradients_of_one(collection, still_mode
     single = make_task(config)
     assert single.batch(0, 0).false_negatives.any()  # the gathered batch's false negatives are masked
     single_loss = single.forward_backward(single.batch(0, 0))["loss"]
-    mp.spawn(
-        _one_step_worker,
-        args=(2, _free_port(), config.model_dump_json(), str(tmp_path / "g")),
-        nprocs=2,
-        join=True,
-    )
+    run_in_processes(_one_step_worker, (2, _free_port(), config.model_dump_json(), str(tmp_path / "g")))
     two = safetensors.torch.load_file(str(tmp_path / "g"))
     assert abs(json.loads((tmp_path / "g.json").read_text())["loss"] - single_loss) < 1e-10
     assert max_difference(two, gradients(single.encoder)) < 1e-10
