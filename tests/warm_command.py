@@ -66,8 +66,17 @@ connection.sendall(payload)
 child = received(connection, 4)
 if child is None:
     sys.exit(f"{{PROGRAM}}: the warm command server closed the connection")
+
+
+def pass_on(number, frame, pid=struct.unpack("!i", child)[0]):
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:  # it has just ended: its status is on its way
+        pass
+
+
 for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    signal.signal(number, lambda number, frame, pid=struct.unpack("!i", child)[0]: os.kill(pid, number))
+    signal.signal(number, pass_on)
 status = received(connection, 4)
 sys.exit(1 if status is None else struct.unpack("!i", status)[0])  # no status: the child was killed
 """
