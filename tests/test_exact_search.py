@@ -13,6 +13,7 @@ import pytest
 from densekit.index import IndexSpec, SearchIndex, build_index, exact_search
 from densekit.index.exact_search import exact_top_k
 
+from .processes import run_in_processes
 from .test_index import fake_store
 
 
@@ -83,6 +84,22 @@ def test_no_queries_or_read_only_ones_are_searched_as_faiss_would():
         warnings.simplefilter("error")  # torch warns of a read-only array it was handed
         found = exact_top_k(vectors, queries, 5)
     assert all(np.array_equal(a, b) for a, b in zip(found, expected, strict=True))
+
+
+def search_read_only_rows(rank: int) -> None:
+    """In a fresh process (torch warns of a read-only array once a process): a memory-mapped index's
+    read-only rows are searched as writable ones are, without a warning."""
+    vectors, queries = integer_vectors(21, 4, 0), integer_vectors(3, 4, 1)
+    expected = exact_top_k(vectors, queries, 5)
+    vectors.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = exact_top_k(vectors, queries, 5)
+    assert all(np.array_equal(a, b) for a, b in zip(found, expected, strict=True))
+
+
+def test_read_only_rows_are_searched_without_a_warning():
+    run_in_processes(search_read_only_rows, (), count=1)
 
 
 @pytest.mark.parametrize("k", [0, 22])

@@ -14,6 +14,7 @@ a few queries a call on, torch's matrix product wins (0.4-0.6 of faiss's time at
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,7 +50,11 @@ def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.nd
     block_queries = max(1, MOST_SCORES // block_rows)
     import torch  # here, not above: the command line checks its arguments before torch loads
 
-    table = torch.from_numpy(vectors)
+    with warnings.catch_warnings():
+        # A memory-mapped index's rows are read-only, and copying them to be writable would double a
+        # million-row index's memory; the table is only ever read here, so torch's warning does not apply.
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        table = torch.from_numpy(vectors)
     found = [
         _top_k_of_blocks(table, torch.from_numpy(queries[first : first + block_queries]), k, block_rows)
         for first in range(0, len(queries), block_queries)
