@@ -16,7 +16,10 @@ method below is built from the same vectors:
   rescored with the float query against the int8 copy on disk), `binary + float32 xN` (`--rescore N
   --rescore-with float32`), `ivfpq` (`--type ivfpq --target-recall T`, the collection's own vectors
   held out, as `densekit index` does by default; where no setting meets T, the error is recorded and
-  the index is built at its defaults);
+  the index is built at its defaults); with `--binary-index hnsw ivf`, also `binary hnsw + int8 xN` and
+  `binary ivf + int8 xN` (`--type binary --binary-index hnsw --rescore N`: the codes in faiss's
+  `IndexBinaryHNSW` or `IndexBinaryIVF` at their defaults, for collections where scanning every code is
+  slow; no sentence-transformers counterpart, whose search scans every code);
 - sentence-transformers' (`sentence_transformers.util.quantization`), as its documentation uses them: the
   corpus quantised by `quantize_embeddings` (`ubinary`; `uint8` with the corpus's ranges, its
   int8 for faiss), added to the faiss index `semantic_search_faiss` builds for that precision
@@ -94,6 +97,7 @@ class Method:
     kind: str
     rescore: int | None = None
     rescore_with: str | None = None
+    binary_index: str | None = None
 
     @property
     def folder_name(self) -> str:
@@ -106,7 +110,8 @@ class Method:
 
         if self.kind in ("flat", "ivfpq"):
             return IndexSpec(type=self.kind)
-        return QuantizedSpec(type=self.kind, rescore=self.rescore, rescore_with=self.rescore_with)
+        return QuantizedSpec(type=self.kind, rescore=self.rescore, rescore_with=self.rescore_with,
+                             binary_index=self.binary_index)  # fmt: skip
 
     def command(self, target: float) -> str:
         """The `densekit index` or sentence-transformers call it stands for."""
@@ -115,6 +120,8 @@ class Method:
             rescore = f"rescore_multiplier={self.rescore}" if self.rescore else "rescore=False"
             return f"semantic_search_faiss(corpus_precision={precision!r}, {rescore})"
         options = f"--type {self.kind}"
+        if self.binary_index:
+            options += f" --binary-index {self.binary_index}"
         if self.kind == "ivfpq":
             options += f" --target-recall {target}"
         if self.rescore:
@@ -124,12 +131,16 @@ class Method:
         return f"densekit index {options}"
 
 
-def methods(multipliers: list[int], skip: list[str]) -> list[Method]:
-    """Every method measured, in the table's order, less those named in `skip`."""
+def methods(multipliers: list[int], skip: list[str], binary_indexes: tuple[str, ...] = ()) -> list[Method]:
+    """Every method measured, in the table's order, less those named in `skip`; `binary_indexes`
+    (hnsw, ivf) adds binary codes in that faiss index, rescored against int8 at each multiplier."""
     found = [Method("flat", "densekit", "flat"), Method("int8", "densekit", "int8"),
              Method("binary", "densekit", "binary")]  # fmt: skip
     found += [Method(f"binary + int8 x{m}", "densekit", "binary", m, "int8") for m in multipliers]
     found += [Method(f"binary + float32 x{m}", "densekit", "binary", m, "float32") for m in multipliers]
+    for structure in binary_indexes:
+        found += [Method(f"binary {structure} + int8 x{m}", "densekit", "binary", m, "int8", structure)
+                  for m in multipliers]  # fmt: skip
     found.append(Method("ivfpq", "densekit", "ivfpq"))
     for kind, label in (("ubinary", "st ubinary"), ("uint8", "st int8")):
         found.append(Method(label, "sentence-transformers", kind))
@@ -394,10 +405,11 @@ def ratio(measured: dict, first: str, second: str) -> float | None:
 
 def rivals(names: list[str]) -> dict[str, str]:
     """Each densekit method's sentence-transformers counterpart at the same rescore multiplier: binary
-    (rescored against int8 or float32) against `st ubinary`, int8 against `st int8`."""
+    (rescored against int8 or float32) against `st ubinary`, int8 against `st int8`; binary codes in an
+    HNSW or IVF index have none (sentence-transformers' search scans every code)."""
     pairs = {}
     for name in names:
-        if name.startswith("st "):
+        if name.startswith(("st ", "binary hnsw", "binary ivf")):
             continue
         depth = name.rsplit(" x", 1)[1] if " x" in name else None
         if name.startswith("binary"):
@@ -511,6 +523,7 @@ MARKERS = {
     "flat": ("o", "black"), "int8": ("s", "tab:blue"), "binary": ("v", "tab:orange"),
     "binary + int8": ("^", "tab:green"), "binary + float32": ("D", "tab:olive"), "ivfpq": ("*", "tab:purple"),
     "st ubinary": ("x", "tab:red"), "st int8": ("+", "tab:brown"),
+    "binary hnsw + int8": ("P", "tab:cyan"), "binary ivf + int8": ("X", "tab:pink"),
 }  # fmt: skip
 
 
@@ -610,6 +623,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--output", type=Path, help="the results' JSON (default: WORK/compression.json)")
     parser.add_argument("--rescore", type=int, nargs="+", default=[2, 4, 10, 25], help="rescore multipliers")
+    parser.add_argument("--binary-index", nargs="*", default=[], choices=["hnsw", "ivf"],
+                        help="also binary codes in faiss's HNSW or IVF index (large collections), rescored "
+                        "against int8 at each --rescore multiplier")  # fmt: skip
     parser.add_argument("--target-recall", type=float, default=0.95, help="IVF-PQ's target")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="queries a call")
@@ -635,7 +651,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ledger = Ledger(output, "compression", sys.argv[1:] if argv is None else argv, derived)
     ledger.data["rescore_multipliers"] = args.rescore
-    chosen = methods(args.rescore, args.skip)
+    chosen = methods(args.rescore, args.skip, tuple(args.binary_index))
     from densekit.data.dataset import Dataset
 
     for name in collections:
