@@ -125,12 +125,12 @@ def test_a_slice_is_measured_from_the_vectors_given_never_encoded(tmp_path: Path
     compression.main(["--sizes", f"small={part}", "--embeddings", str(embeddings), "--model",
                       str(tiny_st_model), "--work", str(work), "--output", str(output), "--rescore", "2",
                       "--threads", "1", "--batches", "4", "--seconds", "0.01", "--rounds", "1",
-                      "--binary-index", "hnsw", "--skip", *skip])  # fmt: skip
+                      "--binary-index", "hnsw", "ivf", "--skip", *skip])  # fmt: skip
     target = json.loads(output.read_text())["collections"]["small"]
     assert target["collection"]["documents"] == wiki_fixtures.SLICE
     assert target["collection"]["test_queries"] == wiki_fixtures.QUERIES["test"]
-    measured = ["flat", "int8", "binary", "binary + int8 x2", "binary hnsw + int8 x2", "st ubinary",
-                "st ubinary x2"]  # fmt: skip
+    measured = ["flat", "int8", "binary", "binary + int8 x2", "binary hnsw + int8 x2", "binary ivf + int8 x2",
+                "st ubinary", "st ubinary x2"]  # fmt: skip
     assert list(compression.entries(target)) == measured
     # the slice's rows, taken by id from the whole corpus's vectors: flat's top 10 are exact search's
     store = EmbeddingStore.open(work / "small" / "embeddings")
@@ -143,16 +143,20 @@ def test_a_slice_is_measured_from_the_vectors_given_never_encoded(tmp_path: Path
     assert target["binary"]["quality"]["nDCG@10"] == target["st ubinary"]["quality"]["nDCG@10"]
     assert target["speed"]["1 thread, 4 a call"]["binary + int8 x2_qps"] > 0
 
-    # --binary-index hnsw: the codes in faiss's binary HNSW index, rescored; measured as searched here,
-    # with no sentence-transformers rival (its search scans every code)
-    graph = target["binary hnsw + int8 x2"]
-    assert graph["build"]["command"] == "densekit index --type binary --binary-index hnsw --rescore 2"
-    index = SearchIndex.load(work / "small" / "binary-hnsw-int8-x2")
-    assert isinstance(index.index, faiss.IndexBinaryHNSW)
-    assert graph["quality"]["recall@10"] == recall_against(index.search(test, 10).labels, exact)
+    # --binary-index hnsw ivf: the codes in faiss's binary HNSW or IVF index, rescored; measured as
+    # searched here, with no sentence-transformers rival (its search scans every code)
+    for structure, kind in (("hnsw", faiss.IndexBinaryHNSW), ("ivf", faiss.IndexBinaryIVF)):
+        graph = target[f"binary {structure} + int8 x2"]
+        assert (
+            graph["build"]["command"]
+            == f"densekit index --type binary --binary-index {structure} --rescore 2"
+        )
+        index = SearchIndex.load(work / "small" / f"binary-{structure}-int8-x2")
+        assert isinstance(index.index, kind)
+        assert graph["quality"]["recall@10"] == recall_against(index.search(test, 10).labels, exact)
+        assert "x_rival" not in graph["speed"]["1 thread, 4 a call"]
+        assert graph["speed"]["1 thread, 4 a call"]["qps"] > 0
     assert (
-        graph["build"]["memory"]["ram_bytes_per_vector"]
+        target["binary hnsw + int8 x2"]["build"]["memory"]["ram_bytes_per_vector"]
         > target["binary + int8 x2"]["build"]["memory"]["ram_bytes_per_vector"]
     )  # the graph's links beside the codes
-    assert "x_rival" not in graph["speed"]["1 thread, 4 a call"]
-    assert graph["speed"]["1 thread, 4 a call"]["qps"] > 0
