@@ -18,9 +18,10 @@ Each is scored by nDCG@10, R@100 and R@1000 and tested against MiniLM zero-shot 
 paired t-test and randomisation test `densekit compare` runs: BM25 and RRF Holm-corrected over the
 two, the fine-tuned run in a test of its own, as `densekit compare` of the two runs gives). Every run
 is written as TREC under `--work/NAME/` (`densekit compare` and `evaluate` read them); the results go
-to `--output` (JSON, with each run's command and machine) and a markdown table beside it (`.md`), both
-saved after every stage. A stage already measured from the same inputs is kept: a killed run started
-again resumes. Run from the repository root (`runs/wiki/enc1m`: the whole corpus's embeddings):
+to `--output` (JSON, with each run's command and machine), a markdown table and a plot of each
+measure against the size beside it (`.md`, `.png`), all saved after every stage. A stage already
+measured from the same inputs is kept: a killed run started again resumes. Run from the repository
+root (`runs/wiki/enc1m`: the whole corpus's embeddings):
 
     S="100k=runs/wiki/data-wiki-100k 300k=runs/wiki/data-wiki-300k 1m=../shared/data/wiki1m"
     E="--embeddings runs/wiki/enc1m --work runs/wiki/bench"
@@ -221,6 +222,37 @@ def table(results: dict) -> str:
                       *dict.fromkeys(commands)]) + "\n"  # fmt: skip
 
 
+def plot(results: dict, output: Path) -> None:
+    """Each measure against the collection's size (log scale), a line per system; a fine-tuned run is
+    a point at its size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(results.get("sizes", {}).values(), key=lambda size: size["collection"]["documents"])
+    measures = next((list(size[ZERO_SHOT]["metrics"]) for size in sizes if ZERO_SHOT in size), [])
+    if not measures:
+        return
+    figure, axes = plt.subplots(1, len(measures), figsize=(4.2 * len(measures), 4.2), squeeze=False)
+    for axis, measure in zip(axes[0], measures, strict=True):
+        for label, style in ((BM25, "s-"), (ZERO_SHOT, "o-"), (FUSED, "^--"), (FINE_TUNED, "*")):
+            points = [(size["collection"]["documents"], size[label]["metrics"][measure])
+                      for size in sizes if label in size]  # fmt: skip
+            if points:
+                axis.plot(*zip(*points, strict=True), style, label=label, markersize=9 if style == "*" else 5)
+        axis.set_xscale("log")
+        axis.set_xlabel("passages")
+        axis.set_title(measure)
+        axis.grid(alpha=0.3)
+    axes[0][0].set_ylabel("score")
+    axes[0][-1].legend(fontsize=8)
+    figure.suptitle("wiki1m: retrieval quality as the collection grows", fontsize=11)
+    figure.tight_layout()
+    figure.savefig(output, dpi=120)
+    plt.close(figure)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = wiki_parser(__doc__, "wiki_quality", WORK / "wiki_quality", "runs")
     parser.add_argument("--split", default="test")
@@ -242,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def save_table(results: dict, where: tuple[str, ...]) -> None:
         output.with_suffix(".md").write_text(table(results), encoding="utf-8")
+        plot(results, output.with_suffix(".png"))
 
     ledger = Ledger(output, "wiki_quality", sys.argv[1:] if argv is None else argv, save_table)
     passages = Passages(args.embeddings, args.model, args.work, args.batch_size)

@@ -60,6 +60,7 @@ def test_quality_rows_at_two_sizes_from_one_encoding_resumed_without_measuring_a
     table = output.with_suffix(".md").read_text()
     assert table.count(f"| {ZERO_SHOT} (torch float32) |") == 2  # the vectors' path, recorded
     assert "python -m benchmarks.wiki_quality --sizes" in table
+    assert output.with_suffix(".png").stat().st_size > 0
 
     # a fine-tuned run of the slice's test queries is a fourth row, tested against zero-shot
     shutil.copy(results["sizes"]["small"][BM25]["run"], tuned)
