@@ -188,11 +188,16 @@ def measure_size(
     ledger.stage((*where, "paired tests"), {**inputs, "trials": args.trials}, compared)
 
 
+def measured(results: dict) -> list[str]:
+    """The measures the zero-shot rows were scored by (none before one is)."""
+    return next((list(size[ZERO_SHOT]["metrics"]) for size in results.get("sizes", {}).values()
+                 if ZERO_SHOT in size), [])  # fmt: skip
+
+
 def table(results: dict) -> str:
     """The results as markdown: a row per size and system, each measure, and its difference from
     zero-shot with the randomisation test's p (Holm-corrected where several runs were tested)."""
-    measures = next((list(size[ZERO_SHOT]["metrics"]) for size in results.get("sizes", {}).values()
-                     if ZERO_SHOT in size), list(MEASURES))  # fmt: skip
+    measures = measured(results) or list(MEASURES)
     heading = ["size", "passages", "system", *measures, *(f"{m} - zero-shot (p)" for m in measures)]
     lines = ["| " + " | ".join(heading) + " |", "|" + "---|" * len(heading)]
     for name, size in results.get("sizes", {}).items():
@@ -231,7 +236,7 @@ def plot(results: dict, output: Path) -> None:
     import matplotlib.pyplot as plt
 
     sizes = sorted(results.get("sizes", {}).values(), key=lambda size: size["collection"]["documents"])
-    measures = next((list(size[ZERO_SHOT]["metrics"]) for size in sizes if ZERO_SHOT in size), [])
+    measures = measured(results)
     if not measures:
         return
     figure, axes = plt.subplots(1, len(measures), figsize=(4.2 * len(measures), 4.2), squeeze=False)
