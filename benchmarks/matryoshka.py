@@ -8,6 +8,9 @@ the model's full width into `--work/NAME/COLLECTION/embeddings` (`encode_corpus`
 model and corpus is reused, another refused) and the test queries once (kept under `--work/queries`);
 then for each width of `--dims`: both cut, exact inner-product search 1,000 deep (`exact_top_k`, what
 a flat index searches with), nDCG@10 and R@100, and nDCG@10 as a share of the model's own full width.
+With `--rotate`, each model is scored again as `densekit rotate` would make it from the collection's
+corpus vectors (`NAME rotated`): its vectors and the queries' turned by the rotation fitted on every
+corpus vector (`fit_rotation`), which is what the rotated model encodes (a test checks it), then cut.
 
 Issue 64's goals are reported against, not asserted (`goals`): a model named with `--matryoshka`
 keeping >= 0.98 of its own full-width nDCG@10 at 128 dimensions, and its full-width nDCG@10 within
@@ -32,6 +35,7 @@ the same inputs is kept, so a killed run resumes. Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from functools import partial
 from pathlib import Path
@@ -48,13 +52,18 @@ GOAL_WIDTH, GOAL_SHARE, GAP = 128, 0.98, 0.005  # issue 64: share kept at 128, f
 
 
 def scores(store: Any, queries: np.ndarray, query_ids: list[str], qrels: Any, widths: list[int],
-           normalize: bool) -> dict[str, dict[str, float]]:  # fmt: skip
-    """Each width's measures of the exact search of `queries` over `store`'s vectors, both cut to it."""
+           normalize: bool, rotated: bool = False) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Each width's measures of the exact search of `queries` over `store`'s vectors, both cut to it
+    (`rotated`: both turned first by the rotation fitted on the store's vectors)."""
     from densekit.evaluation.measures import evaluate
     from densekit.index.exact_search import exact_top_k
     from densekit.models.dimensions import truncated
+    from densekit.models.rotation import fit_rotation
 
     vectors = np.ascontiguousarray(store.vectors(), dtype=np.float32)
+    if rotated:
+        matrix = fit_rotation([vectors], vectors.shape[1]).matrix.astype(np.float32)
+        vectors, queries = vectors @ matrix, queries @ matrix
     doc_ids = store.ids()
     measured = {}
     for width in widths:
@@ -70,10 +79,10 @@ def scores(store: Any, queries: np.ndarray, query_ids: list[str], qrels: Any, wi
 
 
 def measured(model: str, store: Any, queries: np.ndarray, query_ids: list[str], qrels: Any, widths: list[int],
-             normalize: bool) -> dict[str, Any]:  # fmt: skip
+             normalize: bool, rotated: bool = False) -> dict[str, Any]:  # fmt: skip
     """One model's entry on one collection: its full width, whether it normalises, each width's scores."""
-    return {"model": model, "full_width": widths[0], "normalize": normalize,
-            "widths": scores(store, queries, query_ids, qrels, widths, normalize)}  # fmt: skip
+    return {"model": model, "full_width": widths[0], "normalize": normalize, "rotated": rotated,
+            "widths": scores(store, queries, query_ids, qrels, widths, normalize, rotated)}  # fmt: skip
 
 
 def derive(results: dict, matryoshka: list[str], baseline: str | None) -> None:
@@ -85,7 +94,7 @@ def derive(results: dict, matryoshka: list[str], baseline: str | None) -> None:
             full = widths.get(str(entry.get("full_width")), {}).get("nDCG@10")
             for measured in widths.values():
                 measured["share_of_full_width"] = round(measured["nDCG@10"] / full, 4) if full else None
-            if name not in matryoshka or not full:
+            if name.removesuffix(" rotated") not in matryoshka or not full:
                 continue
             at_goal = widths.get(str(GOAL_WIDTH), {}).get("share_of_full_width")
             goal = {
@@ -153,6 +162,15 @@ def plot(results: dict, output: Path) -> None:
     plt.close(figure)
 
 
+def measured_models(output: Path) -> dict[str, Any]:
+    """The names of the models `output`'s results hold already (a baseline measured in an earlier run
+    is kept there with the inputs it was measured from)."""
+    if not output.is_file():
+        return {}
+    collections = json.loads(output.read_text(encoding="utf-8")).get("collections", {})
+    return {name: None for models in collections.values() for name in models}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -163,17 +181,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dims", type=int, nargs="+", default=[384, 256, 128, 64], help="widths to cut to")
     parser.add_argument("--matryoshka", nargs="*", default=[], help="models trained with loss.matryoshka")
     parser.add_argument("--baseline", help="the model the Matryoshka ones are compared with at full width")
+    parser.add_argument("--rotate", action="store_true", help="score the models rotated too")
     parser.add_argument("--device", default="auto", help="where the corpora are encoded")
     parser.add_argument("--batch-size", type=int, default=128, help="texts encoded at once")
     parser.add_argument("--work", type=Path, default=WORK / "matryoshka", help="embeddings and queries")
     parser.add_argument("--output", type=Path, help="the results' JSON (default: WORK/matryoshka.json)")
     args = parser.parse_args(argv)
     models = parse_sizes(args.models)  # NAME=PATH, as sizes are given
-    unknown = [name for name in [*args.matryoshka, args.baseline] if name is not None and name not in models]
-    if unknown:
-        parser.error(f"--matryoshka/--baseline name {', '.join(unknown)}, not one of --models")
-    setup_logging()
     output = args.output or args.work / "matryoshka.json"
+    unknown = [name for name in args.matryoshka if name not in models]
+    if unknown:
+        parser.error(f"--matryoshka names {', '.join(unknown)}, not one of --models")
+    if args.baseline is not None and args.baseline not in models | measured_models(output):
+        parser.error(f"--baseline {args.baseline}: not one of --models, nor measured in {output} already")
+    setup_logging()
 
     def derived(results: dict, where: tuple[str, ...]) -> None:
         derive(results, args.matryoshka, args.baseline)
@@ -198,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
             inputs = {"corpus": store.identity, "queries": array_digest(queries), "widths": widths}
             measure = partial(measured, str(model), store, queries, query_ids, qrels, widths, normalize)
             ledger.stage(("collections", collection, name), inputs, measure)
+            if args.rotate:
+                where, turned = ("collections", collection, f"{name} rotated"), partial(measure, rotated=True)
+                ledger.stage(where, {**inputs, "rotated": True}, turned)
     ledger.save()
     print(f"wrote {output}, {output.with_suffix('.md')} and {output.with_suffix('.png')}")
 

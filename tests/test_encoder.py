@@ -116,12 +116,12 @@ def test_sentence_transformers_loads_a_saved_model(tiny_model: Path, tmp_path: P
 def test_unsupported_sentence_transformers_module_is_named(tiny_st_model: Path, tmp_path: Path):
     import shutil
 
-    path = tmp_path / "dense"
+    path = tmp_path / "layer-norm"
     shutil.copytree(tiny_st_model, path)
     modules = json.loads((path / "modules.json").read_text())
-    modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+    modules.append({"idx": 3, "name": "3", "path": "3_LN", "type": "sentence_transformers.models.LayerNorm"})
     (path / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(ValueError, match=r"sentence_transformers\.models\.Dense' is not supported"):
+    with pytest.raises(ValueError, match=r"sentence_transformers\.models\.LayerNorm' is not supported"):
         DenseEncoder.load(path)
 
 

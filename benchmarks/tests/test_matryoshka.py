@@ -47,3 +47,21 @@ def test_each_width_scores_as_the_encoder_cut_to_it_and_a_second_run_measures_no
     again = json.loads(output.read_text())
     assert len(again["runs"]) == 2 and again["collections"]["toy"]["tiny"]["measured_in"] == 0  # kept
     assert "| tiny |" in output.with_suffix(".md").read_text() and output.with_suffix(".png").stat().st_size
+
+
+def test_a_rotated_models_widths_score_as_the_model_rotate_makes(tmp_path: Path, tiny_st_model: Path):
+    write_collection(tmp_path / "shared" / "toy")
+    output = tmp_path / "results" / "matryoshka.json"
+    main(["--models", f"tiny={tiny_st_model}", "--collections", "toy", "--shared", str(tmp_path / "shared"),
+          "--dims", "8", "--rotate", "--work", str(tmp_path / "work"), "--output", str(output)])  # fmt: skip
+    entry = json.loads(output.read_text())["collections"]["toy"]["tiny rotated"]
+    assert entry["rotated"] is True
+    rotated = tmp_path / "rotated"
+    arguments = ["rotate", tiny_st_model, tmp_path / "work" / "tiny" / "toy" / "embeddings", "-o", rotated]
+    result = CliRunner().invoke(app, [str(a) for a in arguments], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    own = benchmark_ndcg(rotated, tmp_path / "shared" / "toy", tmp_path / "bench-8", 8)
+    assert entry["widths"]["8"]["nDCG@10"] == pytest.approx(own, abs=1e-6)
+    plain = json.loads(output.read_text())["collections"]["toy"]["tiny"]
+    assert entry["widths"]["32"]["nDCG@10"] == pytest.approx(plain["widths"]["32"]["nDCG@10"], abs=1e-6)
+    assert entry["widths"]["8"]["nDCG@10"] != plain["widths"]["8"]["nDCG@10"]  # the rotation changed the cut

@@ -13,3 +13,8 @@ MAX_TRIALS = 10_000_000
 
 # The most pseudo-queries one document gives (span, keywords): crops of one text repeat long before.
 MAX_PER_DOCUMENT = 1000
+
+# The widest vector a model folder's Dense module may declare: its weight matrix is in x out floats,
+# so the width bounds what a hostile config.json can make densekit allocate (the widest published
+# embedding models make 4,096 to 8,192 dimensions).
+MAX_MODEL_WIDTH = 16_384

@@ -20,6 +20,7 @@ from densekit.cli import (
     quickstart_command,
     recipe_command,
     retrieval_commands,
+    rotate_command,
     serve_command,
     train_commands,
 )
@@ -83,6 +84,7 @@ quickstart_command.register(app)
 train_commands.register(app)
 recipe_command.register(app)
 module_commands.register(app)
+rotate_command.register(app)
 evaluation_commands.register(app)
 serve_command.register(app)
 

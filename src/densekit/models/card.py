@@ -53,9 +53,14 @@ def encoder_card(folder: Path, source: str, settings: dict[str, Any], tied: bool
     tags = [*TAGS, "sentence-transformers", "sentence-similarity", "feature-extraction"] if tied else [*TAGS]
     if settings.get("matryoshka_dims"):
         tags.append("matryoshka")
+    summary = f"A dense retrieval encoder ({towers}) saved by densekit."
+    if settings.get("variance_ordered"):
+        summary += (" Its dimensions are ordered by the variance of a corpus's vectors (`densekit "
+                    "rotate`): its vectors cut to their first N (`truncate_dim`) keep the most of them for "
+                    "any N.")  # fmt: skip
     return CardFacts(
         title=name,
-        summary=f"A dense retrieval encoder ({towers}) saved by densekit.",
+        summary=summary,
         library_name="sentence-transformers" if tied else "densekit",
         tags=tags,
         pipeline_tag="sentence-similarity" if tied else "feature-extraction",

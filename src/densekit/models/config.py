@@ -60,14 +60,20 @@ class EncoderConfig(BaseModel):
     matryoshka_dims: Widths | None = Field(
         None, description="the widths the model was trained for with Matryoshka training; none: not recorded"
     )
+    variance_ordered: bool = Field(
+        False,
+        description="its dimensions are ordered by the variance of a corpus's vectors (`densekit "
+        "rotate`), so that its first N carry the most of them, for any N",
+    )
 
     @model_serializer(mode="wrap")
     def _unset_widths_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """The settings without `dimensions` and `matryoshka_dims` where they are unset, as every record
-        made before they existed holds them (an artefact's identity, a module's settings)."""
+        """The settings without `dimensions`, `matryoshka_dims` and `variance_ordered` where they are
+        unset, as every record made before they existed holds them (an artefact's identity, a module's
+        settings)."""
         settings = handler(self)
-        for name in ("dimensions", "matryoshka_dims"):
-            if settings.get(name) is None:
+        for name in ("dimensions", "matryoshka_dims", "variance_ordered"):
+            if settings.get(name) in (None, False):
                 settings.pop(name, None)
         return settings
 

@@ -48,13 +48,15 @@ def check_dimensions(
     source: str,
     setting: str = "--dimensions",
     warn: bool = True,
+    ordered: bool = False,
 ) -> int | None:
     """The `dimensions` setting to encode with, for a model of `source` whose vectors are `width` wide
     and that was trained for the widths `trained` (None: not recorded): None for the full width (the
     model's own vectors, whatever it was trained for). A width above it, or a narrower one the model was
     not trained for where it records them, raises `DimensionsError`; a narrower one where it records
-    none is logged as a warning when `warn` (not for each request of a service). Messages name the width
-    as `setting` (where it was given)."""
+    none is logged as a warning when `warn` (not for each request of a service), unless the model's
+    dimensions are `ordered` by a corpus's variance (`densekit rotate`), which any narrower width suits.
+    Messages name the width as `setting` (where it was given)."""
     if dimensions > width:
         raise DimensionsError(
             f"{setting} {dimensions}: {source} makes {width}-dimensional vectors; choose {width} or fewer"
@@ -67,7 +69,7 @@ def check_dimensions(
             f"{setting} {dimensions}: {source} was trained (Matryoshka) for {widths} dimensions; "
             "choose one of those"
         )
-    if trained is None and warn:
+    if trained is None and warn and not ordered:
         log.warning(
             "%s %d: %s records no Matryoshka training, so its vectors cut to %d of their %d dimensions "
             "may lose much of their quality (docs/training.md, Matryoshka training)",

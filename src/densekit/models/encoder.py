@@ -30,7 +30,8 @@ from densekit.models.hub import locate_model
 from densekit.models.modules.module import EncoderModule, ModuleError, is_module_folder, read_module_file
 from densekit.models.packed import packed_hidden
 from densekit.models.pooling import pool, without_prompt
-from densekit.models.st_folder import is_st_folder, read_st_folder, write_st_files
+from densekit.models.projection import Projection, read_projection
+from densekit.models.st_folder import is_st_folder, projection_folder, read_st_folder, write_st_files
 
 log = logging.getLogger("densekit")
 
@@ -91,8 +92,10 @@ def _exporting() -> bool:
 class DenseEncoder(torch.nn.Module):
     """Maps texts to vectors: `query` texts through the query tower, `passage` texts through the other.
 
-    With `config.tied` both towers are one backbone. Load any Hugging Face encoder folder, a
-    sentence-transformers folder, a saved densekit model or a hub id with `DenseEncoder.load`.
+    With `config.tied` both towers are one backbone. A `projection` (sentence-transformers' Dense
+    module) maps the pooled vectors of either tower before they are cut and normalised. Load any
+    Hugging Face encoder folder, a sentence-transformers folder, a saved densekit model or a hub id
+    with `DenseEncoder.load`.
 
     Modules (`densekit.models.modules`) sit on the frozen backbones, any number at once, by name; each
     call that encodes, saves or describes takes the one to use (`module=`): by default (`OWN`) the
@@ -108,10 +111,12 @@ class DenseEncoder(torch.nn.Module):
         config: EncoderConfig,
         passage_backbone: PreTrainedModel | None = None,
         source: str = "",
+        projection: Projection | None = None,
     ):
         super().__init__()
         if config.tied != (passage_backbone is None):
             raise InputError("a tied encoder takes one backbone; an untied one takes two")
+        self.projection = projection
         self.query_backbone = backbone
         self.passage_backbone = passage_backbone if passage_backbone is not None else backbone
         self.tokenizer = tokenizer
@@ -176,19 +181,23 @@ class DenseEncoder(torch.nn.Module):
             passage = _load_backbone(local / PASSAGE_TOWER, trust_remote_code)
         tokenizer = load_tokenizer(backbone_path, trust_remote_code)
         check_vocabulary(tokenizer, backbone, backbone_path)
-        encoder = cls(backbone, tokenizer, config, passage, source=str(name_or_path))
+        dense = projection_folder(local) if is_st_folder(local) else None
+        projection = None if dense is None else read_projection(dense, int(backbone.config.hidden_size))
+        encoder = cls(backbone, tokenizer, config, passage, source=str(name_or_path), projection=projection)
         if config.dimensions is not None:
             given = overrides.get("dimensions") is not None
             setting = "--dimensions" if given else "its saved dimensions"
-            width = check_dimensions(
-                config.dimensions, encoder.width, config.matryoshka_dims, str(name_or_path), setting
-            )
+            width = check_dimensions(config.dimensions, encoder.width, config.matryoshka_dims,
+                                     str(name_or_path), setting, ordered=config.variance_ordered)  # fmt: skip
             encoder.config = config.model_copy(update={"dimensions": width})
         return encoder
 
     def base_fingerprint(self) -> str:
-        """A digest of the base weights (both towers) and the tokenizer, as they are now."""
-        return weights_fingerprint([self.query_backbone, self.passage_backbone], self.tokenizer)
+        """A digest of the base weights (both towers and the projection) and the tokenizer, as they are
+        now."""
+        weights = [self.query_backbone, self.passage_backbone]
+        return weights_fingerprint(weights + ([self.projection] if self.projection is not None else []),
+                                   self.tokenizer)  # fmt: skip
 
     def fingerprint(self, module: ModuleChoice = OWN) -> str:
         """A digest of what encodes with `module`: the base, and the module's weights when there is one."""
@@ -241,7 +250,10 @@ class DenseEncoder(torch.nn.Module):
     def new_module(
         self, spec: Any, sparse_indices: dict[str, dict[str, torch.Tensor]] | None = None
     ) -> EncoderModule:
-        """Put a fresh module of `spec` on the backbones (frozen from now on); `own` is left as it is."""
+        """Put a fresh module of `spec` on the backbones (frozen from now on, as is the projection);
+        `own` is left as it is."""
+        if self.projection is not None:
+            self.projection.requires_grad_(False)
         source = Path(self.source)
         base = {
             "source": str(source.resolve()) if source.exists() else self.source,
@@ -303,7 +315,13 @@ class DenseEncoder(torch.nn.Module):
 
     @property
     def width(self) -> int:
-        """The size of the vectors the model makes before any are cut (`dimensions`): its hidden size."""
+        """The size of the vectors the model makes before any are cut (`dimensions`): its projection's
+        output, or without one its hidden size."""
+        return self.projection.out_features if self.projection is not None else self.hidden_size
+
+    @property
+    def hidden_size(self) -> int:
+        """The size of the token states the backbone makes, which pooling keeps."""
         return int(self.query_backbone.config.hidden_size)
 
     @property
@@ -391,6 +409,8 @@ class DenseEncoder(torch.nn.Module):
         if not self.config.include_prompt and self.config.pooling != "cls" and self.config.prefix(side):
             pooled_mask = without_prompt(attention_mask, self.prompt_length(side))
         pooled = pool(hidden, pooled_mask, self.config.pooling)
+        if self.projection is not None:
+            pooled = self.projection(pooled)
         return truncated(pooled, self.config.dimensions, self.config.normalize)
 
     def save(self, path: str | Path, module: ModuleChoice = OWN) -> None:
@@ -407,10 +427,12 @@ class DenseEncoder(torch.nn.Module):
                 )
             module.save(path, self.config.model_dump())
             return
+        if self.projection is not None and not self.config.tied:
+            raise InputError("densekit saves a projection (Dense module) with a tied encoder only")
         with artefact_dir(path, MODEL_KIND, self.identity(None), {"source": self.source}) as tmp:
             if self.config.tied:
                 self.query_backbone.save_pretrained(tmp, safe_serialization=True)
-                write_st_files(tmp, self.config, self.width)
+                write_st_files(tmp, self.config, self.hidden_size, self.projection)
             else:
                 self.query_backbone.save_pretrained(tmp / QUERY_TOWER, safe_serialization=True)
                 self.passage_backbone.save_pretrained(tmp / PASSAGE_TOWER, safe_serialization=True)

@@ -27,11 +27,13 @@ def merged_encoder(encoder: DenseEncoder, module: ModuleChoice) -> DenseEncoder:
         )
     query = kind.fold(module.query_tower, encoder.query_backbone)
     if module.query_tower is module.passage_tower:
-        return DenseEncoder(query, encoder.tokenizer, encoder.config.model_copy(), source=encoder.source)
+        return DenseEncoder(query, encoder.tokenizer, encoder.config.model_copy(), source=encoder.source,
+                            projection=copy.deepcopy(encoder.projection))  # fmt: skip
     passage = (
         copy.deepcopy(encoder.passage_backbone)
         if module.spec.towers == "query"
         else kind.fold(module.passage_tower, encoder.passage_backbone)
     )
     config = encoder.config.model_copy(update={"tied": False})
-    return DenseEncoder(query, encoder.tokenizer, config, passage, source=encoder.source)
+    return DenseEncoder(query, encoder.tokenizer, config, passage, source=encoder.source,
+                        projection=copy.deepcopy(encoder.projection))  # fmt: skip

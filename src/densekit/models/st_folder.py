@@ -14,11 +14,16 @@ from typing import Any
 from densekit.diagnostics import DataError, Problem
 from densekit.models.checkpoint_files import read_json_file, read_json_object
 from densekit.models.config import EncoderConfig
+from densekit.models.projection import Projection, write_projection
 
 _TRANSFORMER = "sentence_transformers.models.Transformer"
 _POOLING = "sentence_transformers.models.Pooling"
 _NORMALIZE = "sentence_transformers.models.Normalize"
-_SUPPORTED_SUFFIXES = {"Transformer": _TRANSFORMER, "Pooling": _POOLING, "Normalize": _NORMALIZE}
+_DENSE = "sentence_transformers.models.Dense"
+# the modules densekit reads, in the order it applies them
+_SUPPORTED_SUFFIXES = {
+    "Transformer": _TRANSFORMER, "Pooling": _POOLING, "Dense": _DENSE, "Normalize": _NORMALIZE
+}  # fmt: skip
 _POOLING_NAMES = {"cls": "cls", "mean": "mean", "lasttoken": "last"}
 _LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
@@ -62,19 +67,10 @@ def read_st_folder(path: Path) -> tuple[Path, dict[str, Any]]:
     fields: dict[str, Any] = {"normalize": False}
     backbone = path
     for module in modules:
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        if kind not in _SUPPORTED_SUFFIXES:
-            raise DataError(
-                [
-                    Problem(
-                        modules_file,
-                        None,
-                        f"module {module.get('type')!r} is not supported; densekit reads "
-                        "Transformer, Pooling and Normalize modules",
-                    )
-                ]
-            )
+        kind = _kind(module, modules_file)
         folder = _inside(path, module.get("path", ""), modules_file)
+        if kind == "Dense":
+            continue  # its weights: `projection_folder`
         if kind == "Transformer":
             backbone = folder
         elif kind == "Pooling":
@@ -109,6 +105,33 @@ def read_st_folder(path: Path) -> tuple[Path, dict[str, Any]]:
     return backbone, fields
 
 
+def _kind(module: dict[str, Any], modules_file: Path) -> str:
+    """The kind of a `modules.json` entry (`Transformer`, `Pooling`, `Dense`, `Normalize`), refused when
+    densekit cannot apply it."""
+    kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+    if kind not in _SUPPORTED_SUFFIXES:
+        message = (f"module {module.get('type')!r} is not supported; densekit reads Transformer, Pooling, "
+                   "Dense and Normalize modules")  # fmt: skip
+        raise DataError([Problem(modules_file, None, message)])
+    return kind
+
+
+def projection_folder(path: Path) -> Path | None:
+    """The folder of the `Dense` module of a sentence-transformers folder (None without one); refused
+    unless there is one, between the pooling and any normalisation, as densekit applies it."""
+    modules_file = Path(path) / "modules.json"
+    modules = _module_list(modules_file)
+    kinds = [_kind(module, modules_file) for module in modules]
+    if "Dense" not in kinds:
+        return None
+    order = list(_SUPPORTED_SUFFIXES)
+    if kinds.count("Dense") > 1 or [order.index(k) for k in kinds] != sorted(order.index(k) for k in kinds):
+        message = (f"modules {kinds}: densekit applies one Dense module, after the pooling and before "
+                   "any normalisation")  # fmt: skip
+        raise DataError([Problem(modules_file, None, message)])
+    return _inside(Path(path), modules[kinds.index("Dense")].get("path", ""), modules_file)
+
+
 def _pooling_mode(config_file: Path) -> str:
     config = _read_json(config_file)
     if "pooling_mode" in config:
@@ -131,16 +154,23 @@ def _pooling_mode(config_file: Path) -> str:
     return _POOLING_NAMES[modes[0]]
 
 
-def write_st_files(path: Path, config: EncoderConfig, dimension: int) -> None:
-    """Write the sentence-transformers description of a tied encoder saved at `path`."""
+def write_st_files(
+    path: Path, config: EncoderConfig, dimension: int, projection: Projection | None = None
+) -> None:
+    """Write the sentence-transformers description of a tied encoder saved at `path`, whose
+    transformer makes `dimension`-wide token states, with its `projection` (a Dense module) if any."""
     path = Path(path)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": _POOLING},
     ]
+    if projection is not None:
+        modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": _DENSE})
+        write_projection(path / "2_Dense", projection)
     if config.normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": _NORMALIZE})
-        (path / "2_Normalize").mkdir(exist_ok=True)
+        folder = f"{len(modules)}_Normalize"
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": folder, "type": _NORMALIZE})
+        (path / folder).mkdir(exist_ok=True)
     (path / "modules.json").write_text(json.dumps(modules, indent=2), encoding="utf-8")
     (path / "1_Pooling").mkdir(exist_ok=True)
     pooling = {
