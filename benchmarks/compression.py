@@ -98,6 +98,7 @@ class Method:
     rescore: int | None = None
     rescore_with: str | None = None
     binary_index: str | None = None
+    nprobe: int | None = None
 
     @property
     def folder_name(self) -> str:
@@ -110,8 +111,9 @@ class Method:
 
         if self.kind in ("flat", "ivfpq"):
             return IndexSpec(type=self.kind)
+        probed = {} if self.nprobe is None else {"nprobe": self.nprobe}
         return QuantizedSpec(type=self.kind, rescore=self.rescore, rescore_with=self.rescore_with,
-                             binary_index=self.binary_index)  # fmt: skip
+                             binary_index=self.binary_index, **probed)  # fmt: skip
 
     def command(self, target: float) -> str:
         """The `densekit index` or sentence-transformers call it stands for."""
@@ -122,6 +124,8 @@ class Method:
         options = f"--type {self.kind}"
         if self.binary_index:
             options += f" --binary-index {self.binary_index}"
+        if self.nprobe is not None:
+            options += f" --nprobe {self.nprobe}"
         if self.kind == "ivfpq":
             options += f" --target-recall {target}"
         if self.rescore:
@@ -131,16 +135,20 @@ class Method:
         return f"densekit index {options}"
 
 
-def methods(multipliers: list[int], skip: list[str], binary_indexes: tuple[str, ...] = ()) -> list[Method]:
+def methods(multipliers: list[int], skip: list[str], binary_indexes: tuple[str, ...] = (),
+            nprobes: tuple[int, ...] = ()) -> list[Method]:  # fmt: skip
     """Every method measured, in the table's order, less those named in `skip`; `binary_indexes`
-    (hnsw, ivf) adds binary codes in that faiss index, rescored against int8 at each multiplier."""
+    (hnsw, ivf) adds binary codes in that faiss index, rescored against int8 at each multiplier (a
+    binary ivf index once for each of `nprobes`, where given, else at its default)."""
     found = [Method("flat", "densekit", "flat"), Method("int8", "densekit", "int8"),
              Method("binary", "densekit", "binary")]  # fmt: skip
     found += [Method(f"binary + int8 x{m}", "densekit", "binary", m, "int8") for m in multipliers]
     found += [Method(f"binary + float32 x{m}", "densekit", "binary", m, "float32") for m in multipliers]
     for structure in binary_indexes:
-        found += [Method(f"binary {structure} + int8 x{m}", "densekit", "binary", m, "int8", structure)
-                  for m in multipliers]  # fmt: skip
+        for nprobe in (nprobes or (None,)) if structure == "ivf" else (None,):
+            label = f"binary {structure}" + ("" if nprobe is None else f" nprobe {nprobe}")
+            found += [Method(f"{label} + int8 x{m}", "densekit", "binary", m, "int8", structure, nprobe)
+                      for m in multipliers]  # fmt: skip
     found.append(Method("ivfpq", "densekit", "ivfpq"))
     for kind, label in (("ubinary", "st ubinary"), ("uint8", "st int8")):
         found.append(Method(label, "sentence-transformers", kind))
@@ -586,8 +594,10 @@ def plot(results: dict, output: Path) -> None:
     for axis in axes.flat:
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             shown.setdefault(label, handle)
-    figure.legend(list(shown.values()), list(shown), loc="lower center", ncol=5, fontsize=9)
-    figure.tight_layout(rect=(0, 0.07 / rows, 1, 1))
+    columns_of_legend = min(5, 3 * columns)
+    legend_rows = -(-len(shown) // columns_of_legend)
+    figure.legend(list(shown.values()), list(shown), loc="lower center", ncol=columns_of_legend, fontsize=9)
+    figure.tight_layout(rect=(0, (0.02 + 0.045 * legend_rows) / rows, 1, 1))
     figure.savefig(output.with_suffix(".png"), dpi=110)
     plt.close(figure)
 
@@ -626,6 +636,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--binary-index", nargs="*", default=[], choices=["hnsw", "ivf"],
                         help="also binary codes in faiss's HNSW or IVF index (large collections), rescored "
                         "against int8 at each --rescore multiplier")  # fmt: skip
+    parser.add_argument("--nprobe", type=int, nargs="*", default=[],
+                        help="binary ivf: lists probed, a method each (default: its own)")  # fmt: skip
     parser.add_argument("--target-recall", type=float, default=0.95, help="IVF-PQ's target")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="queries a call")
@@ -651,7 +663,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ledger = Ledger(output, "compression", sys.argv[1:] if argv is None else argv, derived)
     ledger.data["rescore_multipliers"] = args.rescore
-    chosen = methods(args.rescore, args.skip, tuple(args.binary_index))
+    chosen = methods(args.rescore, args.skip, tuple(args.binary_index), tuple(args.nprobe))
     from densekit.data.dataset import Dataset
 
     for name in collections:

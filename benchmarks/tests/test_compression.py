@@ -160,3 +160,18 @@ def test_a_slice_is_measured_from_the_vectors_given_never_encoded(tmp_path: Path
         target["binary hnsw + int8 x2"]["build"]["memory"]["ram_bytes_per_vector"]
         > target["binary + int8 x2"]["build"]["memory"]["ram_bytes_per_vector"]
     )  # the graph's links beside the codes
+
+
+def test_each_nprobe_is_a_binary_ivf_method_of_its_own_that_builds_with_it():
+    from benchmarks.compression import methods
+
+    found = {m.name: m for m in methods([10], [], ("ivf",), (64, 256))}
+    for nprobe in (64, 256):
+        method = found[f"binary ivf nprobe {nprobe} + int8 x10"]
+        assert method.spec().nprobe == nprobe and method.spec().binary_index == "ivf"
+        assert (
+            method.command(0.95)
+            == f"densekit index --type binary --binary-index ivf --nprobe {nprobe} --rescore 10"
+        )
+    assert "binary ivf + int8 x10" not in found
+    assert "binary ivf + int8 x10" in {m.name for m in methods([10], [], ("ivf",))}
