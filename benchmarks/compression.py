@@ -645,6 +645,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of every method")
     parser.add_argument("--skip", nargs="*", default=[], help="methods left out (ivfpq, 'st int8 x2', ...)")
     args = parser.parse_args(argv)
+    if args.nprobe and "ivf" not in args.binary_index:
+        parser.error("--nprobe sets a binary ivf index's lists probed: give --binary-index ivf with it")
     if "flat" in args.skip:
         parser.error("--skip flat: every method is measured against flat")
     if args.sizes and args.embeddings is None:

@@ -175,3 +175,9 @@ def test_each_nprobe_is_a_binary_ivf_method_of_its_own_that_builds_with_it():
         )
     assert "binary ivf + int8 x10" not in found
     assert "binary ivf + int8 x10" in {m.name for m in methods([10], [], ("ivf",))}
+
+
+def test_nprobe_without_a_binary_ivf_index_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        compression.main(["--nprobe", "64"])
+    assert "give --binary-index ivf with it" in capsys.readouterr().err
