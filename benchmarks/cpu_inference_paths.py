@@ -158,7 +158,7 @@ def densekit_runner(
 ) -> Runner:
     """densekit's encoding of passages on `backend` at `precision` (the ONNX export made here, untimed)."""
     from densekit.encoding.embed import embed_texts
-    from densekit.encoding.onnx_backend import use_backend
+    from densekit.encoding.runtimes import use_backend
     from densekit.models import DenseEncoder
 
     encoder = DenseEncoder.load(path, passage_max_length=args.max_length).eval()

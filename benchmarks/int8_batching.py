@@ -25,7 +25,7 @@ MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 def cosines(precision: str, texts: list[str], model: str) -> np.ndarray:
     """Each text's cosine between its vector encoded alone and encoded in one batch with the rest."""
-    from densekit.encoding.onnx_backend import use_backend
+    from densekit.encoding.runtimes import use_backend
     from densekit.models import DenseEncoder
 
     encoder = DenseEncoder.load(model).eval()

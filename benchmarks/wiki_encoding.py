@@ -10,10 +10,12 @@ Two parts, each writing what it measured with the machine it ran on (`--output`,
   tenth padding, densekit's default on a CPU), densekit torch float32 with packing off, densekit torch
   bf16 (timed only where a bf16 matrix product runs at least at float32's rate: elsewhere it is
   emulated, and its measured product rate says why it is left out), densekit ONNX Runtime float32 and
-  int8. Each path's useful arithmetic (the passages' real tokens, `flops_per_passage`) per second is
-  given as a share of a large matrix product in its own precision measured in the same run (torch's for
-  torch paths, ONNX Runtime's MatMul / MatMulInteger for ONNX ones), beside each path's agreement with
-  float32's vectors (least and mean cosine).
+  int8, densekit OpenVINO bf16 (where the CPU computes bf16) and int8 (calibrated on the corpus as
+  `densekit encode` calibrates it). Each path's useful arithmetic (the passages' real tokens,
+  `flops_per_passage`) per second is given as a share of a large matrix product in its own precision
+  measured in the same run (torch's for torch paths and OpenVINO's bf16, ONNX Runtime's MatMul /
+  MatMulInteger for ONNX ones and OpenVINO's int8), beside each path's agreement with float32's vectors
+  (least and mean cosine).
 - `quality`: for each path named in `--paths`, the collection at `--data` (the 100k slice of
   `densekit slice`) encoded by `encode_corpus`, its test queries searched exactly (`exact_top_k`), and
   nDCG@10, R@100 and R@1000; the difference from float32's is the criterion the full encode's path is
@@ -53,9 +55,14 @@ PATHS: dict[str, tuple[str, str, bool]] = {
     "torch bf16": ("torch", "bf16", True),
     "onnx float32": ("onnx", "float32", True),
     "onnx int8": ("onnx", "int8", True),
+    "openvino bf16": ("openvino", "bf16", True),
+    "openvino int8": ("openvino", "int8", True),
 }
+# OpenVINO's paths against the same products' rates: its int8 runs the CPU's u8 x s8 products (VNNI)
+# as ONNX Runtime's MatMulInteger does, its bf16 the bf16 products torch's times
 PEAK_OF = {"torch float32": "torch float32", "torch float32, not packed": "torch float32",
-           "torch bf16": "torch bf16", "onnx float32": "onnx float32", "onnx int8": "onnx int8"}  # fmt: skip
+           "torch bf16": "torch bf16", "onnx float32": "onnx float32", "onnx int8": "onnx int8",
+           "openvino bf16": "torch bf16", "openvino int8": "onnx int8"}  # fmt: skip
 
 
 def sample_texts(data: Path, size: int) -> list[str]:
@@ -126,14 +133,18 @@ def onnx_matmul_rate(integer: bool, size: int = 2048, calls: int = 5) -> float:
     return 2 * size**3 / best
 
 
-def densekit_encoder(backend: str, precision: str, max_length: int, model: str = MODEL) -> tuple[Any, str]:
-    """`model` (all-MiniLM-L6-v2) loaded by densekit for passages through `backend` at `precision`, and
-    the torch precision to encode at (an ONNX export is made and checked here, not timed)."""
-    from densekit.encoding.onnx_backend import use_backend
+def densekit_encoder(
+    backend: str, precision: str, max_length: int, data: Path, model: str = MODEL
+) -> tuple[Any, str]:
+    """`model` (all-MiniLM-L6-v2) loaded by densekit for passages of the collection at `data` through
+    `backend` at `precision`, and the torch precision to encode at (an export is made, calibrated on
+    the collection where it needs it as `densekit encode` does, and checked here, not timed)."""
+    from densekit.data.dataset import Dataset
+    from densekit.encoding.corpus import use_corpus_backend
     from densekit.models import DenseEncoder
 
     encoder = DenseEncoder.load(model, passage_max_length=max_length).eval()
-    return encoder, use_backend(encoder, backend, precision, ["passage"])
+    return encoder, use_corpus_backend(encoder, backend, precision, Dataset.open(data))
 
 
 def densekit_runner(name: str, texts: list[str], args: argparse.Namespace) -> Callable[[], np.ndarray]:
@@ -142,7 +153,7 @@ def densekit_runner(name: str, texts: list[str], args: argparse.Namespace) -> Ca
     from densekit.models import padding
 
     backend, precision, packing = PATHS[name]
-    encoder, autocast = densekit_encoder(backend, precision, args.max_length, args.model)
+    encoder, autocast = densekit_encoder(backend, precision, args.max_length, args.data, args.model)
 
     def run() -> np.ndarray:
         if packing:
@@ -254,9 +265,9 @@ def quality(args: argparse.Namespace) -> dict:
             raise SystemExit(
                 f"{name}: its vectors are float32's (packing changes no vector); time it in `rates`"
             )
-        encoder, autocast = densekit_encoder(backend, precision, args.max_length, args.model)
+        encoder, autocast = densekit_encoder(backend, precision, args.max_length, args.data, args.model)
         if backend == "onnx":  # queries through the same export
-            from densekit.encoding.onnx_backend import use_backend
+            from densekit.encoding.runtimes import use_backend
 
             autocast = use_backend(encoder, backend, precision, ["query", "passage"])
         folder = args.work / name.replace(" ", "-") / "embeddings"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import densekit.encoding.embed as embed_module
 from densekit import inference
 from densekit.encoding import onnx_backend
 from densekit.encoding.embed import embed_texts
+from densekit.encoding.onnx_backend import OnnxEncoder
 from densekit.models import DenseEncoder, packed, padding
 from densekit.models.modules.kinds.lora import LoraSpec
 
@@ -101,7 +101,7 @@ def test_an_artefacts_identity_holds_the_runtime_and_precision_without_the_calle
     dataset = Dataset.open(beir_dir)
     plain = embedding_identity(encoder, dataset, 1, None)
     assert list(plain) == ["model", "corpus", "shards", "maxp"]  # the keys written before, in their order
-    encoder.runtime = SimpleNamespace(precision="int8", module=None)  # what use_backend("onnx") sets
+    encoder.runtime = OnnxEncoder({}, "int8", None)  # what use_backend("onnx") sets, less its sessions
     try:
         exported = embedding_identity(encoder, dataset, 1, None)
         assert encoder.artefact_identity(record, "bf16")["inference"] == {

@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 from densekit.cli import app
 from densekit.encoding.embed import embed_texts
-from densekit.encoding.onnx_backend import ExportError, export_encoder, use_backend
+from densekit.encoding.export import ExportError
+from densekit.encoding.onnx_backend import export_encoder
+from densekit.encoding.runtimes import use_backend
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation.benchmark import BenchmarkOptions, run_benchmark
 from densekit.io.outputs import OutputError
@@ -99,7 +101,7 @@ def test_the_module_named_is_exported_and_must_be_the_one_encoded_with(tmp_path:
 
 
 def test_int8_needs_onnx_and_onnx_needs_float32_or_int8(prefixed: DenseEncoder):
-    with pytest.raises(ValueError, match="int8 runs through ONNX Runtime: add --backend onnx"):
+    with pytest.raises(ValueError, match="int8 runs through ONNX Runtime or OpenVINO: add --backend onnx"):
         use_backend(prefixed, "torch", "int8")
     with pytest.raises(ValueError, match="--backend onnx runs float32 or int8, not bf16"):
         use_backend(prefixed, "onnx", "bf16")
@@ -120,7 +122,7 @@ def test_embeddings_record_the_backend_and_are_not_mistaken_for_float32_ones(
     assert "inference" not in EmbeddingStore.open(float32).identity  # as before backends existed
     quantised, exact = EmbeddingStore.open(int8).vectors(), EmbeddingStore.open(float32).vectors()
     assert 1e-4 < np.abs(quantised - exact).max() < 0.2
-    with pytest.raises(ValueError, match="int8 runs through ONNX Runtime: add --backend onnx"):
+    with pytest.raises(ValueError, match="int8 runs through ONNX Runtime or OpenVINO: add --backend onnx"):
         invoke("encode", tiny_model, beir_dir, "-o", tmp_path / "x", "--precision", "int8", *common)
 
     encoder = DenseEncoder.load(tiny_model)

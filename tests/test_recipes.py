@@ -187,8 +187,8 @@ def test_a_step_the_device_cannot_run_is_refused_before_any_step_runs(beir_dir: 
     assert str(raised.value).splitlines() == [
         f"{path}:{lines['train']}: error: steps.train: fp16 needs a GPU; use bf16 or float32 on the CPU",
         f"{path}:{lines['rerank']}: error: steps.rerank: fp16 needs a GPU; use bf16 or float32 on the CPU",
-        f"{path}:{lines['search']}: error: steps.search: --precision int8 runs through ONNX Runtime: add "
-        "--backend onnx",
+        f"{path}:{lines['search']}: error: steps.search: --precision int8 runs through ONNX Runtime or "
+        "OpenVINO: add --backend onnx or --backend openvino",
     ]
     assert not (tmp_path / "out").exists()
     del recipe["steps"]["search"]

@@ -242,7 +242,7 @@ def test_a_module_on_a_rotated_model_leaves_the_rotation_frozen_and_merges_with_
 
 
 def test_onnx_runtime_runs_the_rotation_as_pytorch_does(rotated: tuple[Path, Path, Path]):
-    from densekit.encoding.onnx_backend import use_backend
+    from densekit.encoding.runtimes import use_backend
 
     _, model, _ = rotated
     expected = embed_texts(DenseEncoder.load(model), TEXTS, "query")

@@ -61,7 +61,7 @@ _CASES = {
         "serve {model} {index} --module-index {empty}={empty}/other",
         ["other", "index folder not found"],
     ),
-    "backend": ("serve {model} {index} --backend tensorrt", ["--backend tensorrt", "torch or onnx"]),
+    "backend": ("serve {model} {index} --backend tensorrt", ["--backend tensorrt", "onnx or openvino"]),
     "int8 on torch": ("serve {model} {index} --precision int8", ["--precision int8", "--backend onnx"]),
     "bf16 on onnx": ("serve {model} {index} --backend onnx --precision bf16", ["float32 or int8, not bf16"]),
     "unknown precision": ("serve {model} {index} --precision double", ["--precision double"]),

@@ -20,7 +20,7 @@ from densekit.data.dataset import Dataset
 from densekit.data.trec import read_run
 from densekit.diagnostics import Diagnostics
 from densekit.encoding.corpus import encode_corpus
-from densekit.encoding.onnx_backend import use_backend
+from densekit.encoding.runtimes import use_backend
 from densekit.encoding.store import EmbeddingStore
 from densekit.index import IndexSpec, build_index
 from densekit.models import DenseEncoder
@@ -321,13 +321,16 @@ def test_one_service_serves_several_modules_each_with_its_own_index(served, tmp_
         assert set(http.get("/info", headers=AUTH).json()["modules"]) == {"second"}
 
 
-def test_the_service_answers_through_onnx_runtime_as_torch_does(served, retriever: Retriever):
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_the_service_answers_through_an_export_as_torch_does(served, retriever: Retriever, backend: str):
+    pytest.importorskip(backend)
     data, index, model = served
     exported = Retriever.open(str(model), index, corpus=data, device="cpu")
-    use_backend(exported.encoder, "onnx", "float32", ["query"])
+    use_backend(exported.encoder, backend, "float32", ["query"])
     texts = [q["text"] for q in QUERIES]
     with client(exported) as http:
         response = http.post("/search", json={"query": texts, "k": 8}, headers=AUTH)
+        assert http.get("/info", headers=AUTH).json()["backend"] == backend
     assert response.status_code == 200, response.text
     for served_hits, own in zip(response.json()["results"], retriever.search(texts, k=8), strict=True):
         # every document comes back; a random model's scores nearly tie, so compare them by id
@@ -355,6 +358,8 @@ def test_serve_refuses_a_precision_its_backend_lacks(served, capsys):
     _, index, model = served
     code, err, _ = cli(capsys, "serve", model, index, "--backend", "onnx", "--precision", "bf16")
     assert code == 2 and "--backend onnx runs float32 or int8, not bf16" in err
+    code, err, _ = cli(capsys, "serve", model, index, "--backend", "openvino", "--precision", "int8")
+    assert code == 2 and "is calibrated on a corpus's texts, and serve encodes queries" in err
     code, err, _ = cli(capsys, "serve", model, index, "--precision", "fp16", "--device", "cpu")
     assert code == 2 and "fp16 needs a GPU" in err
 

@@ -133,7 +133,7 @@ def test_documents_whose_ids_hold_a_slash_or_other_url_syntax_are_served(service
 
 
 def test_an_adapter_module_is_exported_to_onnx_runtime_and_encodes_as_torch(tiny_st_model: Path):
-    from densekit.encoding.onnx_backend import use_backend
+    from densekit.encoding.runtimes import use_backend
 
     encoder = DenseEncoder.load(tiny_st_model).eval()
     put_module(encoder, "adapter", "adapter", seed=1)  # its own, as `serve --module` loads it

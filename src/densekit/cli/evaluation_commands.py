@@ -135,7 +135,7 @@ def benchmark(
     same model encodes nothing. With --backend or --precision, both the corpus and the queries are
     encoded that way, and every stage records it.
     """
-    from densekit.encoding.onnx_backend import use_backend
+    from densekit.encoding.runtimes import use_backend
     from densekit.evaluation.benchmark import BENCHMARK_MEASURES, BenchmarkOptions, run_benchmark
 
     measures = measure or list(BENCHMARK_MEASURES)

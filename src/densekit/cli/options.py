@@ -57,7 +57,8 @@ PrecisionOpt = Annotated[
     typer.Option(
         "--precision",
         help="float32; with --backend torch bf16/fp16 mixed precision (fp16 on a GPU only); with --backend "
-        "onnx int8 (dynamic quantisation).",
+        "onnx int8 (dynamic quantisation); with --backend openvino bf16 or int8 (calibrated on the corpus "
+        "by encode).",
     ),
 ]
 TorchPrecisionOpt = Annotated[
@@ -68,8 +69,8 @@ BackendOpt = Annotated[
     str,
     typer.Option(
         "--backend",
-        help="torch, or onnx: ONNX Runtime on the CPU, exported at start and checked against torch "
-        "(docs/performance.md).",
+        help="torch, onnx (ONNX Runtime) or openvino (OpenVINO): on the CPU, exported at start and "
+        "checked against torch (docs/performance.md).",
     ),
 ]
 MmapIndexOpt = Annotated[

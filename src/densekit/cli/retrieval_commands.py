@@ -127,13 +127,12 @@ def encode(
         raise SettingError("--maxp-stride needs --maxp")
     dataset = Dataset.open(data_dir)  # a mistyped folder or model is refused before torch is imported
     check_model_inputs(model, encoder_options)
-    from densekit.encoding.corpus import Shard, encode_corpus
-    from densekit.encoding.onnx_backend import use_backend
+    from densekit.encoding.corpus import Shard, encode_corpus, use_corpus_backend
     from densekit.encoding.passages import MaxPSettings
 
     part = Shard.parse(shard)
     encoder, _ = load_model(model, device, encoder_options)
-    torch_precision = use_backend(encoder, backend, precision, ["passage"])
+    torch_precision = use_corpus_backend(encoder, backend, precision, dataset)
     meta = encode_corpus(
         encoder,
         dataset,
@@ -416,7 +415,7 @@ def search(
     check_model_inputs(model, encoder_options)
     check_index_folder(index_dir)
     dataset = Dataset.open(data_dir)
-    from densekit.encoding.onnx_backend import use_backend
+    from densekit.encoding.runtimes import use_backend
     from densekit.index import SearchIndex
     from densekit.retrieval.retriever import Retriever
 

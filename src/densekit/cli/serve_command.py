@@ -102,7 +102,12 @@ def _module_and_index(text: str) -> tuple[Path, Path]:
 
 
 # The --precision values each --backend takes; auto is chosen once the model is loaded (`_precision`).
-_PRECISIONS = {"torch": ("auto", "float32", "bf16", "fp16"), "onnx": ("auto", "float32", "int8")}
+# OpenVINO's int8 is calibrated on a corpus's texts, which queries have none of (`runtimes.needs_calibration`)
+_PRECISIONS = {
+    "torch": ("auto", "float32", "bf16", "fp16"),
+    "onnx": ("auto", "float32", "int8"),
+    "openvino": ("auto", "float32", "bf16"),
+}
 
 
 def check_before_loading(
@@ -139,11 +144,17 @@ def check_before_loading(
 def _check_precision(backend: str, precision: str) -> None:
     """Refuse a --backend densekit has not, and a --precision it does not run."""
     if backend not in _PRECISIONS:
-        raise SettingError(f"--backend {backend}: expected torch or onnx")
+        raise SettingError(f"--backend {backend}: expected torch, onnx or openvino")
     if precision in _PRECISIONS[backend]:
         return
-    if backend == "onnx":
-        raise SettingError(f"--backend onnx runs float32 or int8, not {precision}")
+    if backend == "openvino" and precision == "int8":
+        raise SettingError(
+            "--backend openvino --precision int8 is calibrated on a corpus's texts, and serve encodes "
+            "queries: use bf16 or float32, or --backend onnx --precision int8"
+        )
+    if backend != "torch":
+        runs = " or ".join(name for name in _PRECISIONS[backend] if name != "auto")
+        raise SettingError(f"--backend {backend} runs {runs}, not {precision}")
     if precision == "int8":
         raise SettingError("--precision int8 runs through ONNX Runtime: add --backend onnx")
     raise SettingError(
@@ -205,7 +216,7 @@ def serve(
             f"{API_KEY_VARIABLE}"
         )
     hosts = allowed_hosts(host, access.allowed_host)
-    if backend == "onnx" and served.module_index:
+    if backend != "torch" and served.module_index:
         raise SettingError(
             f"--backend {backend} serves one model and its index: not a route or --module-index"
         )
@@ -219,7 +230,7 @@ def serve(
         options = EncoderOptions(module=served.module, dimensions=served.dimensions)
         retrievers = _retrievers(model, index_dir, served.corpus, options, extra, served.device,
                                  served.mmap_index)  # fmt: skip
-        if backend == "onnx" and retrievers[0].route is not None:
+        if backend != "torch" and retrievers[0].route is not None:
             raise SettingError(f"--backend {backend} serves one model and its index: not a route")
         query_precision, precision, reason = _precision(retrievers[0].encoder, backend, served.precision)
         app = create_app(retrievers, api_key, limits, batching, query_precision,
@@ -264,11 +275,12 @@ def _precision(encoder: DenseEncoder, backend: str, precision: str) -> tuple[str
     """Put `encoder` on `backend` at `precision` (auto: the fastest measured to keep quality here), and
     return the precision torch's autocast uses, the precision chosen and why."""
     from densekit.device import autocast, fastest_precision
-    from densekit.encoding.onnx_backend import use_backend
+    from densekit.encoding.runtimes import use_backend
 
     reason = f"--precision {precision}"
     if precision == "auto":
-        chosen = ("float32", "--backend onnx") if backend == "onnx" else fastest_precision(encoder.device)
+        exported = ("float32", f"--backend {backend}")
+        chosen = exported if backend != "torch" else fastest_precision(encoder.device)
         precision, reason = chosen[0], f"auto: {chosen[1]}"
     query_precision = use_backend(encoder, backend, precision)
     autocast(encoder.device, query_precision)  # fp16 on a CPU is refused now, not at the first request

@@ -112,8 +112,9 @@ SERVED = OptionGroup("served", {
     "mmap_index": (MmapIndexOpt, False),
     "backend": (BackendOpt, "torch"),
     "precision": _option(str, "auto", "auto: the fastest measured to keep quality here (bf16 on a GPU with "
-                         "it or a CPU with AVX512-BF16 or AMX, else float32; float32 with --backend onnx); "
-                         "or float32, bf16, fp16 (GPU), int8 (--backend onnx).", "--precision"),
+                         "it or a CPU with AVX512-BF16 or AMX, else float32; float32 with --backend onnx or "
+                         "openvino); or float32, bf16 (torch, openvino), fp16 (GPU), int8 (--backend onnx).",
+                         "--precision"),
     "served_model_name": _option(str | None, None, "The name /v1/embeddings answers to (default: MODEL as "
                                  "given)."),
 }, make=lambda module_index, **given: Served(module_index=module_index or [], **given))  # fmt: skip
@@ -140,7 +141,7 @@ BATCHING = OptionGroup("batching", {
                             "pass).", min=1),
     "encode_workers": _option(int | None, _default(Batching, "workers"), "Batches encoded at once, each on a "
                               "thread of its own: one encoded while the next is gathered (default: 2 on a "
-                              "CPU, 1 on a GPU or with --backend onnx).", min=1),
+                              "CPU, 1 on a GPU or with --backend onnx or openvino).", min=1),
 }, make=lambda encode_workers, **given: Batching(workers=encode_workers, **given))  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from densekit.data.records import Document
 from densekit.device import Precision
 from densekit.encoding.embed import embed_texts
 from densekit.encoding.passages import MaxPSettings, PassageSplitter
+from densekit.encoding.runtimes import needs_calibration, use_backend
 from densekit.encoding.store import KIND, PART_PATTERNS, complete_part, part_stem
 from densekit.errors import InputError, StateError
 from densekit.io.artefact import write_folder_manifest
@@ -70,6 +71,17 @@ def embedding_identity(
         "maxp": maxp.model_dump() if maxp is not None else None,
     }
     return encoder.artefact_identity(identity, precision)
+
+
+def use_corpus_backend(encoder: DenseEncoder, backend: str, precision: str, dataset: Dataset) -> Precision:
+    """`runtimes.use_backend` for encoding `dataset`'s passages: an export that is calibrated
+    (`runtimes.needs_calibration`) is calibrated on documents spread over its corpus."""
+    calibration = None
+    if needs_calibration(backend, precision):
+        from densekit.encoding.openvino_backend import calibration_texts
+
+        calibration = {"passage": calibration_texts(dataset)}
+    return use_backend(encoder, backend, precision, ["passage"], calibration=calibration)
 
 
 def encode_corpus(

@@ -34,7 +34,7 @@ def embed_texts(
     batched, so padding is small; the encoder stays on whatever device it is on. `encode(input_ids,
     attention_mask, rows)` replaces the encoder's own forward (a route, which needs to know the rows);
     otherwise `module` encodes (by default the encoder's own). With the encoder's `runtime` set
-    (`onnx_backend.use_backend`), batches run through that export, which must have been made with
+    (`runtimes.use_backend`), batches run through that export, which must have been made with
     `module`; `precision` is then torch's float32.
     """
     _check_batch_size(batch_size)
@@ -59,13 +59,17 @@ def embed_tokens(
     runtime = encoder.runtime
     if runtime is not None:
         if encode is not None:
-            raise InputError("a route encodes through PyTorch: --backend onnx does not apply to it")
+            raise InputError(
+                f"a route encodes through PyTorch: --backend {runtime.backend} does not apply to it"
+            )
         if precision != "float32":
-            raise InputError(f"the encoder runs ONNX Runtime at {runtime.precision}, not torch {precision}")
+            raise InputError(
+                f"the encoder runs {runtime.backend} at {runtime.precision}, not torch {precision}"
+            )
         if runtime.module != name:
             raise StateError(
-                f"the ONNX Runtime export was made with module {runtime.module!r}, not {name!r}: export it "
-                "again"
+                f"the {runtime.backend} export was made with module {runtime.module!r}, not {name!r}: "
+                "export it again"
             )
     output = np.empty((len(token_ids), encoder.dimension), dtype=np.float32)
     if not token_ids:

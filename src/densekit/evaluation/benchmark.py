@@ -51,7 +51,7 @@ class BenchmarkOptions:
     """How a benchmark runs, the same for each of its collections: the `split` searched, the `measures`
     scored (default nDCG@10 and R@100), the depth `k` of each run, the encoding `batch_size`, progress
     bars, whether stages of another model may be replaced (`overwrite`), and torch's autocast
-    `precision` (the encoder's `runtime`, when set, encodes instead: `onnx_backend.use_backend`)."""
+    `precision` (the encoder's `runtime`, when set, encodes instead: `runtimes.use_backend`)."""
 
     split: str = "test"
     measures: Sequence[str] | None = None

@@ -53,12 +53,17 @@ ModuleChoice = str | None | Own
 
 
 class InferenceRuntime(Protocol):
-    """What runs an encoder's inference in place of PyTorch (an ONNX Runtime export, made by
-    `densekit.encoding.onnx_backend`): called as `encode_with`'s batch part is, at its own `precision`,
-    for the `module` it was made with."""
+    """What runs an encoder's inference in place of PyTorch (an ONNX Runtime or OpenVINO export, made by
+    `densekit.encoding.runtimes.use_backend`): called as `encode_with`'s batch part is, at its own
+    `precision`, for the `module` it was made with."""
 
+    backend: str
     precision: str
     module: str | None
+
+    def record(self) -> dict:
+        """What artefacts made through it record of it: backend, precision and what else shaped it."""
+        ...
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, side: TextSide) -> torch.Tensor:
         """Vectors for a padded batch of `side` texts."""
@@ -124,7 +129,7 @@ class DenseEncoder(torch.nn.Module):
         self.source = source
         self.attached = torch.nn.ModuleDict()
         self.own: str | None = None  # the module `OWN` means: the one loaded with the encoder, or none
-        self.runtime: InferenceRuntime | None = None  # set by `densekit.encoding.onnx_backend.use_backend`
+        self.runtime: InferenceRuntime | None = None  # set by `densekit.encoding.runtimes.use_backend`
         self._prompt_lengths: dict[str, int] = {}
 
     @classmethod
@@ -213,7 +218,7 @@ class DenseEncoder(torch.nn.Module):
         `inference`: its runtime's backend and precision, or torch at `precision`; as it is for PyTorch
         at float32, which records made before backends existed mean."""
         if self.runtime is not None:
-            inference = {"backend": "onnx", "precision": self.runtime.precision}
+            inference = self.runtime.record()
         elif precision == "float32":
             return identity
         else:

@@ -17,8 +17,8 @@ from densekit.data.query_split import split_judged_queries
 from densekit.data.trec import RUN_KIND, read_run, write_run
 from densekit.device import Precision, autocast, resolve_device
 from densekit.diagnostics import Diagnostics
-from densekit.encoding.corpus import encode_corpus
-from densekit.encoding.onnx_backend import Backend, InferencePrecision, torch_precision, use_backend
+from densekit.encoding.corpus import encode_corpus, use_corpus_backend
+from densekit.encoding.runtimes import Backend, InferencePrecision, torch_precision, use_backend
 from densekit.encoding.store import EmbeddingStore
 from densekit.evaluation import DEFAULT_MEASURES, SCORES_KIND, evaluate
 from densekit.evaluation.fusion import check_fusion_settings, check_weights, fuse_runs
@@ -230,8 +230,9 @@ class EncodeStep(Step):
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Encode the corpus."""
         encoder = DenseEncoder.load(self.model).to(resolve_device(device))
-        precision = use_backend(encoder, self.backend, self.precision, ["passage"])
-        encode_corpus(encoder, Dataset.open(self.data), Path(self.output), batch_size=self.batch_size,
+        dataset = Dataset.open(self.data)
+        precision = use_corpus_backend(encoder, self.backend, self.precision, dataset)
+        encode_corpus(encoder, dataset, Path(self.output), batch_size=self.batch_size,
                       precision=precision, show_progress=show_progress, overwrite=overwrite)  # fmt: skip
 
 

@@ -94,7 +94,7 @@ class SearchService:
             "documents_unavailable": retriever.documents.unavailable if retriever.documents else None,
             "query_precision": runtime.precision if runtime is not None else self.precision,
             "precision_reason": self.precision_reason,
-            "backend": "onnx" if runtime is not None else "torch",
+            "backend": runtime.backend if runtime is not None else "torch",
             "embedding_models": openai_api.model_list(self.embedding_names),
             "limits": self.limits.model_dump(),
             "batching": self.batching.model_dump() | {"workers": self.batcher.workers},
