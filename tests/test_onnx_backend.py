@@ -51,11 +51,14 @@ def prefixed(tmp_path_factory: pytest.TempPathFactory) -> DenseEncoder:
     return DenseEncoder.load(path, query_prefix="query: ", include_prompt=False).eval()
 
 
-def test_a_float32_export_encodes_both_kinds_as_pytorch_does(prefixed: DenseEncoder):
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_a_float32_export_encodes_both_kinds_as_pytorch_does(prefixed: DenseEncoder, backend: str):
+    pytest.importorskip(backend)
     reference = {kind: embed_texts(prefixed, TEXTS, kind, batch_size=3) for kind in ("query", "passage")}
     assert not np.allclose(reference["query"], reference["passage"], atol=1e-3)
-    use_backend(prefixed, "onnx", "float32")
+    use_backend(prefixed, backend, "float32")
     try:
+        assert prefixed.runtime.record() == {"backend": backend, "precision": "float32"}
         for kind in ("query", "passage"):
             np.testing.assert_allclose(embed_texts(prefixed, TEXTS, kind, batch_size=3), reference[kind],
                                        atol=1e-5)  # fmt: skip

@@ -53,19 +53,6 @@ def prefixed(tmp_path_factory: pytest.TempPathFactory) -> DenseEncoder:
     return DenseEncoder.load(path, query_prefix="query: ", include_prompt=False).eval()
 
 
-def test_a_float32_conversion_encodes_both_kinds_as_pytorch_does(prefixed: DenseEncoder):
-    reference = {kind: embed_texts(prefixed, TEXTS, kind, batch_size=3) for kind in ("query", "passage")}
-    assert not np.allclose(reference["query"], reference["passage"], atol=1e-3)
-    use_backend(prefixed, "openvino", "float32")
-    try:
-        assert prefixed.runtime.record() == {"backend": "openvino", "precision": "float32"}
-        for kind in ("query", "passage"):
-            np.testing.assert_allclose(embed_texts(prefixed, TEXTS, kind, batch_size=3), reference[kind],
-                                       atol=1e-5)  # fmt: skip
-    finally:
-        prefixed.runtime = None
-
-
 def test_int8_is_calibrated_on_the_texts_given_and_the_same_texts_give_the_same_vectors(
     prefixed: DenseEncoder,
 ):
