@@ -265,6 +265,11 @@ def quality(args: argparse.Namespace) -> dict:
             raise SystemExit(
                 f"{name}: its vectors are float32's (packing changes no vector); time it in `rates`"
             )
+        if backend == "openvino":  # its int8 has no queries' texts to calibrate on
+            raise SystemExit(
+                f"{name}: encode the corpus with `densekit encode --backend openvino` and measure it with "
+                "`python -m benchmarks.wiki_quality --embeddings FOLDER` (queries in torch float32)"
+            )
         encoder, autocast = densekit_encoder(backend, precision, args.max_length, args.data, args.model)
         if backend == "onnx":  # queries through the same export
             from densekit.encoding.runtimes import use_backend

@@ -40,3 +40,11 @@ def test_float32_row_is_the_slice_searched_exactly_and_a_second_run_reuses_its_e
     again = json.loads(output.read_text())["torch float32"]
     assert again["metrics"] == row["metrics"]
     assert again["encoding_reused"] and "encode_s" not in again and "encode_s" in row  # no stale time
+
+
+def test_quality_refuses_openvino_paths_saying_how_to_measure_them(tmp_path: Path, tiny_st_model: Path):
+    _, part, _ = wiki_like(tmp_path, tiny_st_model)
+    with pytest.raises(SystemExit, match=r"python -m benchmarks\.wiki_quality --embeddings FOLDER"):
+        main(["quality", "--data", str(part), "--paths", "openvino int8", "--model", str(tiny_st_model),
+              "--work", str(tmp_path / "enc"), "--output", str(tmp_path / "quality.json")])  # fmt: skip
+    assert not (tmp_path / "quality.json").exists()
