@@ -197,3 +197,27 @@ def test_a_module_is_converted_with_the_encoder(tmp_path: Path):
     np.testing.assert_allclose(embed_texts(encoder, TEXTS, "query", module="domain"), with_module, atol=1e-5)
     with pytest.raises(RuntimeError, match="openvino export was made with module 'domain', not None"):
         embed_texts(encoder, TEXTS, "query")
+
+
+def test_converting_and_quantising_send_no_telemetry_and_write_nothing_at_home(
+    tiny_model: Path, tmp_path: Path
+):
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    script = (
+        "from densekit.models import DenseEncoder\n"
+        "from densekit.encoding.openvino_backend import export_openvino\n"
+        f"encoder = DenseEncoder.load({str(tiny_model)!r})\n"
+        "export_openvino(encoder, 'int8', ['passage'], calibration={'passage': ['a text', 'another text']})\n"
+        "import os; print(os.environ.get('CI'), os.environ.get('NNCF_CI'))\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI")} | {"HOME": str(home)}
+    done = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].split() == ["None", "None"]  # the variables put back
+    assert not list(home.rglob("*"))  # no consent file, no client id

@@ -10,12 +10,14 @@ disk: the model is converted from the weights in memory each time.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import logging
+import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -89,7 +91,8 @@ def export_openvino(
     if encoder.device.type != "cpu":
         raise SettingError(f"--backend openvino runs on the CPU, not {encoder.device}: add --device cpu")
     try:
-        import openvino
+        with _telemetry_declined():  # its import writes under the home folder otherwise
+            import openvino
     except ImportError:
         raise SettingError(
             "--backend openvino needs openvino and nncf: pip install 'densekit[openvino]'"
@@ -106,7 +109,7 @@ def export_openvino(
     }
     copied = copy_for_export(encoder)
     compiled = {}
-    with frozen(encoder), frozen(copied):
+    with frozen(encoder), frozen(copied), _telemetry_declined():
         for side in sides:
             model = _convert(openvino, copied, side, name)
             if texts is not None:
@@ -118,6 +121,25 @@ def export_openvino(
     log.info("OpenVINO %s export of %s checked against PyTorch (least cosine %.6f)",
              precision, " and ".join(compiled), least)  # fmt: skip
     return exported
+
+
+@contextlib.contextmanager
+def _telemetry_declined() -> Iterator[None]:
+    """OpenVINO (from its import on, and its model converter) and NNCF report their use over the network,
+    and write a client id under the home folder, unless a consent file there says no or they run in CI
+    (`CI`, and NNCF's own `NNCF_CI`, read when nncf is first imported): densekit makes no network call
+    nor writes outside its outputs unasked, so they run as in CI, the variables put back after."""
+    names = ("CI", "NNCF_CI")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({"CI": "true", "NNCF_CI": "1"})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _calibration_for(
