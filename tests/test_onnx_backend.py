@@ -87,7 +87,9 @@ def test_an_export_that_disagrees_with_pytorch_is_refused(prefixed: DenseEncoder
         exported.check_against(other)
 
 
-def test_the_module_named_is_exported_and_must_be_the_one_encoded_with(tmp_path: Path):
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_the_module_named_is_exported_and_must_be_the_one_encoded_with(tmp_path: Path, backend: str):
+    pytest.importorskip(backend)
     encoder = DenseEncoder.load(tiny_bert(tmp_path / "model", seed=5)).eval()
     encoder.new_module(LoraSpec(name="domain", rank=4, alpha=8, dropout=0.0))
     with torch.no_grad():
@@ -97,7 +99,7 @@ def test_the_module_named_is_exported_and_must_be_the_one_encoded_with(tmp_path:
     with_module = embed_texts(encoder, TEXTS, "query", module="domain")
     base = embed_texts(encoder, TEXTS, "query")
     assert not np.allclose(with_module, base, atol=1e-3)
-    use_backend(encoder, "onnx", "float32", ["query"], module="domain")
+    use_backend(encoder, backend, "float32", ["query"], module="domain")
     np.testing.assert_allclose(embed_texts(encoder, TEXTS, "query", module="domain"), with_module, atol=1e-5)
     with pytest.raises(RuntimeError, match="made with module 'domain', not None"):
         embed_texts(encoder, TEXTS, "query")

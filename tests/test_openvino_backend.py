@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from densekit.cli import app
@@ -180,23 +179,6 @@ def test_searching_with_openvino_queries_gives_the_torch_run_and_int8_queries_ar
     with pytest.raises(ValueError, match="calibrated on the query texts"):
         invoke("search", tiny_model, index, beir_dir, "-o", tmp_path / "x.trec", "--backend", "openvino",
                "--precision", "int8", "--no-progress")  # fmt: skip
-
-
-def test_a_module_is_converted_with_the_encoder(tmp_path: Path):
-    from densekit.models.modules.kinds.lora import LoraSpec
-
-    encoder = DenseEncoder.load(tiny_bert(tmp_path / "model", seed=5)).eval()
-    encoder.new_module(LoraSpec(name="domain", rank=4, alpha=8, dropout=0.0))
-    with torch.no_grad():
-        for name, parameter in encoder.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.5)
-    with_module = embed_texts(encoder, TEXTS, "query", module="domain")
-    assert not np.allclose(with_module, embed_texts(encoder, TEXTS, "query"), atol=1e-3)
-    use_backend(encoder, "openvino", "float32", ["query"], module="domain")
-    np.testing.assert_allclose(embed_texts(encoder, TEXTS, "query", module="domain"), with_module, atol=1e-5)
-    with pytest.raises(RuntimeError, match="openvino export was made with module 'domain', not None"):
-        embed_texts(encoder, TEXTS, "query")
 
 
 def test_converting_and_quantising_send_no_telemetry_and_write_nothing_at_home(
