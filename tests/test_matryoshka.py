@@ -24,6 +24,7 @@ from densekit.encoding.store import EmbeddingStore
 from densekit.io.artefact import read_file_manifest, read_manifest
 from densekit.models import DenseEncoder
 from densekit.models.dimensions import DimensionsError, truncated
+from densekit.models.rotation import fit_rotation, put_rotation
 from densekit.recipes.runner import load_recipe
 from densekit.training.config import TrainConfig
 from densekit.training.contrastive import ContrastiveTask
@@ -254,6 +255,20 @@ def test_a_run_without_the_option_records_no_widths_whatever_its_start_was_train
     run_training(config, tmp_path / "run", show_progress=False)
     assert "matryoshka_dims" not in json.loads((tmp_path / "run" / "model" / "densekit.json").read_text())
     assert DenseEncoder.load(tmp_path / "run" / "model").config.matryoshka_dims is None
+
+
+def test_a_run_from_a_rotated_model_no_longer_records_its_dimensions_ordered(
+    collection, tiny_model: Path, tmp_path: Path
+):
+    encoder = DenseEncoder.load(tiny_model)
+    vectors = embed_texts(encoder, TEXTS, "passage")
+    put_rotation(encoder, fit_rotation([vectors], encoder.width))
+    encoder.save(tmp_path / "rotated")
+    assert DenseEncoder.load(tmp_path / "rotated").config.variance_ordered
+    config = make_config(collection, tmp_path / "rotated", optim={"max_steps": 1}, **normalised())
+    run_training(config, tmp_path / "run", show_progress=False)
+    assert not DenseEncoder.load(tmp_path / "run" / "model").config.variance_ordered
+    assert "ordered" not in (tmp_path / "run" / "model" / "README.md").read_text()
 
 
 def test_a_distillation_run_with_matryoshka_saves_its_widths(scored, tiny_model: Path, tmp_path: Path):  # noqa: F811

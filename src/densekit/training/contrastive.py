@@ -215,7 +215,8 @@ class ContrastiveTask(GroupedExamplesTask):
     def _record_matryoshka(self, config: TrainConfig) -> None:
         """Check `loss.matryoshka`'s widths against the encoder's vectors and record them in its settings,
         which the saved model (or module) keeps; a run without it records none, whatever the model it
-        started from was trained for."""
+        started from was trained for. Training moves what each dimension holds, so a start rotated by a
+        corpus's variance (`densekit rotate`) is no longer recorded as ordered."""
         matryoshka = config.loss.matryoshka
         width = self.encoder.dimension
         if matryoshka is not None:
@@ -230,7 +231,8 @@ class ContrastiveTask(GroupedExamplesTask):
                     "trained, so use it only at the widths trained", matryoshka.dims, width,
                 )  # fmt: skip
         dims = None if matryoshka is None else matryoshka.dims
-        self.encoder.config = self.encoder.config.model_copy(update={"matryoshka_dims": dims})
+        update = {"matryoshka_dims": dims, "variance_ordered": False}
+        self.encoder.config = self.encoder.config.model_copy(update=update)
 
     def set_examples(self, examples: list[TrainingExample]) -> None:
         """Train on new negatives (ANCE) for the same queries, in the same order."""
