@@ -253,6 +253,25 @@ def test_a_merged_lora_folder_loads_in_sentence_transformers_with_the_modules_em
     assert np.abs(theirs - embeddings(encoder)).max() < 1e-5
 
 
+def test_merging_another_module_into_a_merged_folder_needs_overwrite_and_then_replaces_it(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    for seed in (0, 1):
+        encoder = DenseEncoder.load(tiny_model, pooling="mean", normalize=True).eval()
+        put_module(encoder, "lora", seed=seed)
+        encoder.save(tmp_path / f"module{seed}")
+    merge = ("modules", "merge", tmp_path / "module0", "-o", tmp_path / "full")
+    assert run_command(capsys, *merge)[0] == 0
+    assert run_command(capsys, *merge)[0] == 0  # the same merge again
+    other = ("modules", "merge", tmp_path / "module1", "-o", tmp_path / "full")
+    code, err, _ = run_command(capsys, *other)
+    assert code != 0 and "pass --overwrite to replace it" in err
+    code, err, _ = run_command(capsys, *other, "--overwrite")
+    assert code == 0, err
+    second = DenseEncoder.load(tmp_path / "module1")
+    assert np.abs(embeddings(DenseEncoder.load(tmp_path / "full")) - embeddings(second)).max() < 1e-5
+
+
 @pytest.mark.parametrize("kind", PEFT_KINDS)
 def test_peft_itself_loads_a_peft_kind_module_folder_to_the_same_states(
     encoder: DenseEncoder, kind: str, tmp_path: Path

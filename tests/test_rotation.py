@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from densekit.cli import app
@@ -23,6 +24,7 @@ from densekit.encoding.store import EmbeddingStore
 from densekit.models import DenseEncoder
 from densekit.models.dimensions import truncated
 from densekit.models.rotation import fit_rotation
+from densekit.recipes.runner import load_recipe, run_recipe
 
 from .conftest import write_beir
 
@@ -249,3 +251,58 @@ def test_onnx_runtime_runs_the_rotation_as_pytorch_does(rotated: tuple[Path, Pat
     encoder = DenseEncoder.load(model)
     use_backend(encoder, "onnx", "float32")
     assert np.allclose(embed_texts(encoder, TEXTS, "query"), expected, atol=1e-4)
+
+
+def test_a_recipes_rotate_step_makes_the_commands_model_and_reruns_only_when_its_inputs_change(
+    tiny_st_model: Path, rotated: tuple[Path, Path, Path], tmp_path: Path
+):
+    embeddings, by_command, data = rotated
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"steps": {
+        "encode": {"type": "encode", "model": str(tiny_st_model), "data": str(data), "output": "{out}/emb"},
+        "rotate": {"type": "rotate", "model": str(tiny_st_model), "embeddings": "{out}/emb",
+                   "output": "{out}/rotated"},
+        "encode-rotated": {"type": "encode", "model": "{out}/rotated", "data": str(data),
+                           "output": "{out}/rotated-emb"},
+    }}, sort_keys=False))  # fmt: skip
+    out = tmp_path / "out"
+    run_recipe(recipe, out, device="cpu", show_progress=False)
+    ours = safetensors.torch.load_file(out / "rotated" / "2_Dense" / "model.safetensors")
+    theirs = safetensors.torch.load_file(by_command / "2_Dense" / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+    assert json.loads((out / "rotated" / "densekit.json").read_text())["variance_ordered"] is True
+    rotated_vectors = EmbeddingStore.open(out / "rotated-emb").vectors()
+    fitted = fit_rotation([EmbeddingStore.open(embeddings).vectors()], rotated_vectors.shape[1])
+    assert np.allclose(rotated_vectors, EmbeddingStore.open(embeddings).vectors() @ fitted.matrix, atol=1e-5)
+
+    made = (out / "rotated" / "2_Dense" / "model.safetensors").stat().st_mtime_ns
+    run_recipe(recipe, out, device="cpu", show_progress=False)  # done: skipped
+    assert (out / "rotated" / "2_Dense" / "model.safetensors").stat().st_mtime_ns == made
+    run_recipe(recipe, out, ["steps.rotate.sample=3"], device="cpu", show_progress=False)  # another fit
+    assert not torch.equal(
+        safetensors.torch.load_file(out / "rotated" / "2_Dense" / "model.safetensors")[next(iter(ours))],
+        ours[next(iter(ours))],
+    )
+
+
+def test_a_recipes_rotate_step_refuses_a_sample_beyond_the_bound(tmp_path: Path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"steps": {"rotate": {
+        "type": "rotate", "model": "m", "embeddings": "e", "output": "{out}/r", "sample": 10**9}}}))
+    with pytest.raises(DataError, match=r"steps\.rotate\.sample"):
+        load_recipe(recipe, tmp_path / "out", [])
+
+
+def test_rotating_again_on_another_sample_needs_overwrite_and_then_replaces_the_model(
+    tiny_st_model: Path, rotated: tuple[Path, Path, Path], tmp_path: Path
+):
+    embeddings, _, _ = rotated
+    cli("rotate", tiny_st_model, embeddings, "-o", tmp_path / "rotated")
+    cli("rotate", tiny_st_model, embeddings, "-o", tmp_path / "rotated")  # the same fit again
+    first = (tmp_path / "rotated" / "2_Dense" / "model.safetensors").read_bytes()
+    other = ["rotate", str(tiny_st_model), str(embeddings), "-o", str(tmp_path / "rotated"), "--sample", "3"]
+    refused = runner.invoke(app, other)
+    assert refused.exit_code != 0 and "pass --overwrite to replace it" in str(refused.exception)
+    cli(*other, "--overwrite")
+    assert (tmp_path / "rotated" / "2_Dense" / "model.safetensors").read_bytes() != first

@@ -18,3 +18,6 @@ MAX_PER_DOCUMENT = 1000
 # so the width bounds what a hostile config.json can make densekit allocate (the widest published
 # embedding models make 4,096 to 8,192 dimensions).
 MAX_MODEL_WIDTH = 16_384
+
+# The most corpus vectors `rotate` fits on: a d x d sum, so rows cost time, not memory.
+MAX_ROTATION_SAMPLE = 10_000_000

@@ -27,13 +27,13 @@ def merge(
     """Fold a module into its base: a full model folder that transformers and sentence-transformers load,
     with the module's embeddings. Kinds that change the base's own weights fold (LoRA, IA3, BitFit, a
     sparse difference...: docs/modules.md says which); one that adds layers or inputs is refused."""
-    from densekit.io.outputs import claim_folder
+    from densekit.io.outputs import check_artefact_output
     from densekit.models.encoder import MODEL_KIND, DenseEncoder
     from densekit.models.merge import merged_encoder
 
     encoder = DenseEncoder.load(module)
     merged = merged_encoder(encoder, encoder.own)
-    claim_folder(output, MODEL_KIND, merged.identity(), [module], overwrite)
+    check_artefact_output(output, MODEL_KIND, merged.identity(), [module], overwrite)
     merged.save(output)
     log.info("wrote %s: %s with module %s folded in", output, encoder.source, encoder.own)
 

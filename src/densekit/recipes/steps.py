@@ -25,7 +25,7 @@ from densekit.evaluation.fusion import check_fusion_settings, check_weights, fus
 from densekit.index import SearchIndex, build_index
 from densekit.index.registry import spec_for
 from densekit.io.outputs import check_file_output, write_output_text
-from densekit.limits import MAX_RUN_DEPTH
+from densekit.limits import MAX_ROTATION_SAMPLE, MAX_RUN_DEPTH
 from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
 from densekit.mining.teacher import score_examples
@@ -34,6 +34,7 @@ from densekit.models.cross_encoder import CrossEncoder
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
 from densekit.retrieval.bm25 import BM25Config, BM25Index
+from densekit.retrieval.corpus_rotation import rotate_model
 from densekit.retrieval.rerank import rerank_run
 from densekit.retrieval.retriever import Retriever
 from densekit.training.config import CrossEncoderTrainConfig, RunConfig, TrainConfig
@@ -234,6 +235,24 @@ class EncodeStep(Step):
         precision = use_corpus_backend(encoder, self.backend, self.precision, dataset)
         encode_corpus(encoder, dataset, Path(self.output), batch_size=self.batch_size,
                       precision=precision, show_progress=show_progress, overwrite=overwrite)  # fmt: skip
+
+
+class RotateStep(Step):
+    """`densekit rotate`: `model` rotated onto the principal directions of the corpus vectors it made."""
+
+    type: Literal["rotate"]
+    model: str
+    embeddings: str
+    output: str
+    sample: int = Field(100_000, ge=1, le=MAX_ROTATION_SAMPLE)
+    seed: int = 0
+
+    def inputs(self) -> list[str]:
+        return [self.model, self.embeddings]
+
+    def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
+        """Fit the rotation and save the rotated model."""
+        rotate_model(self.model, Path(self.embeddings), Path(self.output), self.sample, self.seed, overwrite)
 
 
 class IndexStep(Step):
@@ -443,7 +462,7 @@ STEP_TYPES: dict[str, type[Step]] = {
     "mine": MineStep, "pretrain": PretrainStep, "train": TrainStep, "encode": EncodeStep, "index": IndexStep,
     "search": SearchStep, "bm25": BM25Step, "evaluate": EvaluateStep, "rerank": RerankStep,
     "train_cross_encoder": TrainCrossEncoderStep, "score": ScoreStep, "fuse": FuseStep,
-    "split_queries": SplitQueriesStep, "pseudo_queries": PseudoQueriesStep,
+    "split_queries": SplitQueriesStep, "pseudo_queries": PseudoQueriesStep, "rotate": RotateStep,
 }  # fmt: skip
 
 
