@@ -13,19 +13,22 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from densekit.cli import app
 from densekit.configuration import load_config
 from densekit.data import Dataset
 from densekit.data.examples import read_examples
+from densekit.data.trec import read_run
+from densekit.diagnostics import Diagnostics
 from densekit.encoding.embed import embed_texts
 from densekit.encoding.store import EmbeddingStore
 from densekit.io.artefact import read_file_manifest, read_manifest
 from densekit.models import DenseEncoder
 from densekit.models.dimensions import DimensionsError, truncated
 from densekit.models.rotation import fit_rotation, put_rotation
-from densekit.recipes.runner import load_recipe
+from densekit.recipes.runner import load_recipe, run_recipe
 from densekit.training.config import TrainConfig
 from densekit.training.contrastive import ContrastiveTask
 from densekit.training.fine_tuning import run_training
@@ -385,6 +388,35 @@ def test_embeddings_indexes_and_runs_of_other_widths_are_never_mixed(
     cli("search", model, tmp_path / "cut-index", beir_dir, "-o", run, "--dimensions", "16", "--k", "3",
         "--no-progress")  # fmt: skip
     assert read_file_manifest(run).identity["settings"]["dimensions"] == 16
+
+
+def test_a_recipes_encode_and_search_steps_cut_as_the_commands_do_and_refuse_another_width(
+    trained: Path, beir_dir: Path, tmp_path: Path
+):
+    model = trained / "model"
+    cli("encode", model, beir_dir, "-o", tmp_path / "cut", "--dimensions", "16", "--no-progress")
+    cli("index", tmp_path / "cut", "-o", tmp_path / "cut-index", "--no-progress")
+    cli("search", model, tmp_path / "cut-index", beir_dir, "-o", tmp_path / "run.trec", "--dimensions", "16",
+        "--k", "3", "--no-progress")  # fmt: skip
+    steps = {
+        "encode": {"type": "encode", "model": str(model), "data": str(beir_dir), "output": "{out}/cut",
+                   "dimensions": 16},
+        "index": {"type": "index", "embeddings": "{out}/cut", "output": "{out}/index"},
+        "search": {"type": "search", "model": str(model), "index": "{out}/index", "data": str(beir_dir),
+                   "output": "{out}/test.trec", "k": 3, "dimensions": 16},
+    }  # fmt: skip
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"steps": steps}, sort_keys=False))
+    run_recipe(recipe, tmp_path / "out", device="cpu", show_progress=False)
+    ours = EmbeddingStore.open(tmp_path / "out" / "cut").vectors()
+    assert ours.shape[1] == 16 and np.array_equal(ours, EmbeddingStore.open(tmp_path / "cut").vectors())
+    ranked = [read_run(run, Diagnostics()) for run in (tmp_path / "out" / "test.trec", tmp_path / "run.trec")]
+    assert ranked[0] == ranked[1]
+
+    del steps["search"]["dimensions"]  # full-width queries against the 16-dimensional index
+    recipe.write_text(yaml.safe_dump({"steps": steps}, sort_keys=False))
+    with pytest.raises(Exception, match="holds 16-dimensional ones"):
+        run_recipe(recipe, tmp_path / "out", device="cpu", show_progress=False)
 
 
 def test_a_benchmark_of_cut_vectors_reuses_only_its_own_width(trained: Path, beir_dir: Path, tmp_path: Path):

@@ -43,6 +43,15 @@ from densekit.training.fine_tuning import run_cross_encoder_training, run_traini
 log = logging.getLogger("densekit")
 
 
+# `--dimensions`: unset, a step's record reads as it did before steps took it (a finished step stays done)
+DIMENSIONS: Any = Field(None, ge=1, exclude_if=lambda dimensions: dimensions is None)
+
+
+def load_cut(model: str, dimensions: int | None) -> DenseEncoder:
+    """The encoder `model` names, its vectors cut to their first `dimensions` (None: all of them)."""
+    return DenseEncoder.load(model) if dimensions is None else DenseEncoder.load(model, dimensions=dimensions)
+
+
 class Step(BaseModel):
     """Parameters common to every step.
 
@@ -221,6 +230,7 @@ class EncodeStep(Step):
     batch_size: int = 64
     backend: Backend = "torch"
     precision: InferencePrecision = "float32"
+    dimensions: int | None = DIMENSIONS
 
     def inputs(self) -> list[str]:
         return [self.model, self.data]
@@ -230,7 +240,7 @@ class EncodeStep(Step):
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Encode the corpus."""
-        encoder = DenseEncoder.load(self.model).to(resolve_device(device))
+        encoder = load_cut(self.model, self.dimensions).to(resolve_device(device))
         dataset = Dataset.open(self.data)
         precision = use_corpus_backend(encoder, self.backend, self.precision, dataset)
         encode_corpus(encoder, dataset, Path(self.output), batch_size=self.batch_size,
@@ -298,6 +308,7 @@ class SearchStep(Step):
     batch_size: int = 64
     backend: Backend = "torch"
     precision: InferencePrecision = "float32"
+    dimensions: int | None = DIMENSIONS
 
     def inputs(self) -> list[str]:
         return [self.model, self.index, self.data]
@@ -310,7 +321,7 @@ class SearchStep(Step):
         check_file_output(self.output, RUN_KIND, self.inputs(), self.identity(), overwrite)
         dataset = Dataset.open(self.data)
         queries, _ = dataset.split_queries(self.split)
-        encoder = DenseEncoder.load(self.model).to(resolve_device(device))
+        encoder = load_cut(self.model, self.dimensions).to(resolve_device(device))
         precision = use_backend(encoder, self.backend, self.precision, ["query"])
         retriever = Retriever(encoder, SearchIndex.load(self.index), dataset=dataset)
         run = retriever.search_run(queries, self.k, self.batch_size, precision, show_progress=show_progress)
