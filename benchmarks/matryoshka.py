@@ -21,6 +21,7 @@ the share kept against the width beside it), saved after every stage; a stage al
 the same inputs is kept, so a killed run resumes. Run from the repository root:
 
     densekit run recipes/scifact-two-round.yaml --out runs/scifact-two-round
+    densekit run recipes/scifact-two-round-matryoshka.yaml --out runs/scifact-two-round-matryoshka-r
     densekit run recipes/scifact-two-round.yaml --out runs/scifact-two-round-matryoshka \
         'steps.round1.config.loss.matryoshka.dims=[384,256,128,64]' \
         'steps.round2.config.loss.matryoshka.dims=[384,256,128,64]'
