@@ -286,12 +286,20 @@ def test_a_recipes_rotate_step_makes_the_commands_model_and_reruns_only_when_its
     )
 
 
-def test_a_recipes_rotate_step_refuses_a_sample_beyond_the_bound(tmp_path: Path):
+@pytest.mark.parametrize("setting", [{"sample": 10**9}, {"seed": -1}], ids=["sample", "seed"])
+def test_a_recipes_rotate_step_refuses_a_sample_or_seed_out_of_bounds(tmp_path: Path, setting: dict):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"steps": {"rotate": {
-        "type": "rotate", "model": "m", "embeddings": "e", "output": "{out}/r", "sample": 10**9}}}))
-    with pytest.raises(DataError, match=r"steps\.rotate\.sample"):
+        "type": "rotate", "model": "m", "embeddings": "e", "output": "{out}/r", **setting}}}))
+    with pytest.raises(DataError, match=rf"r(ecipe)?\.yaml:\d+: .*steps\.rotate\.{next(iter(setting))}"):
         load_recipe(recipe, tmp_path / "out", [])
+
+
+def test_rotate_refuses_a_negative_seed_in_one_line(tiny_st_model: Path, rotated: tuple[Path, Path, Path],
+                                                   tmp_path: Path):  # fmt: skip
+    result = runner.invoke(app, ["rotate", str(tiny_st_model), str(rotated[0]), "-o", str(tmp_path / "r"),
+                                 "--seed", "-1"])  # fmt: skip
+    assert result.exit_code != 0 and "--seed" in result.output and not (tmp_path / "r").exists()
 
 
 def test_rotating_again_on_another_sample_needs_overwrite_and_then_replaces_the_model(

@@ -24,7 +24,7 @@ def rotate(
             "--sample", min=1, max=MAX_ROTATION_SAMPLE, help="Vectors to fit on, drawn with --seed."
         ),
     ] = 100_000,
-    seed: Annotated[int, typer.Option("--seed", help="Draws the sample.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Draws the sample.")] = 0,
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Order MODEL's dimensions by the variance of a corpus's vectors and save it as a new model, so

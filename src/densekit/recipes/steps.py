@@ -255,7 +255,7 @@ class RotateStep(Step):
     embeddings: str
     output: str
     sample: int = Field(100_000, ge=1, le=MAX_ROTATION_SAMPLE)
-    seed: int = 0
+    seed: int = Field(0, ge=0)  # numpy draws from non-negative seeds only
 
     def inputs(self) -> list[str]:
         return [self.model, self.embeddings]
