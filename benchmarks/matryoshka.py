@@ -50,6 +50,7 @@ from benchmarks.wiki_inputs import Ledger, Passages, array_digest, parse_sizes, 
 MEASURES = ("nDCG@10", "R@100")
 DEPTH = 1000
 GOAL_WIDTH, GOAL_SHARE, GAP = 128, 0.98, 0.005  # issue 64: share kept at 128, full-width gap
+ROTATED_SUFFIX = " rotated"  # the name of a model scored again as `densekit rotate` would make it
 
 
 def scores(store: Any, queries: np.ndarray, query_ids: list[str], qrels: Any, widths: list[int],
@@ -95,7 +96,7 @@ def derive(results: dict, matryoshka: list[str], baseline: str | None) -> None:
             full = widths.get(str(entry.get("full_width")), {}).get("nDCG@10")
             for measured in widths.values():
                 measured["share_of_full_width"] = round(measured["nDCG@10"] / full, 4) if full else None
-            if name.removesuffix(" rotated") not in matryoshka or not full:
+            if name.removesuffix(ROTATED_SUFFIX) not in matryoshka or not full:
                 continue
             at_goal = widths.get(str(GOAL_WIDTH), {}).get("share_of_full_width")
             goal = {
@@ -143,13 +144,18 @@ def plot(results: dict, output: Path) -> None:
     import matplotlib.pyplot as plt
 
     collections = results.get("collections", {})
-    figure, axes = plt.subplots(1, max(len(collections), 1), figsize=(5 * max(len(collections), 1), 4),
+    figure, axes = plt.subplots(1, max(len(collections), 1), figsize=(8 * max(len(collections), 1), 4.5),
                                 squeeze=False)  # fmt: skip
     for axis, (collection, models) in zip(axes[0], collections.items(), strict=False):
+        # a model and its rotated variant share a colour, the rotated one dashed
+        bases = list(dict.fromkeys(name.removesuffix(ROTATED_SUFFIX) for name in models))
+        palette = plt.get_cmap("tab10" if len(bases) <= 10 else "tab20")
         for name, entry in models.items():
+            base = name.removesuffix(ROTATED_SUFFIX)
             widths = sorted(int(w) for w in entry.get("widths", {}))
             shares = [entry["widths"][str(w)]["share_of_full_width"] for w in widths]
-            axis.plot(widths, shares, marker="o", label=name)
+            axis.plot(widths, shares, marker="o", label=name, color=palette(bases.index(base)),
+                      linestyle="--" if name != base else "-")  # fmt: skip
         axis.axhline(GOAL_SHARE, color="grey", linestyle=":", linewidth=1)
         axis.set_xscale("log", base=2)
         axis.set_xticks(sorted({int(w) for e in models.values() for w in e.get("widths", {})}))
@@ -157,7 +163,7 @@ def plot(results: dict, output: Path) -> None:
         axis.set_xlabel("dimensions kept")
         axis.set_ylabel("nDCG@10 / the model's full width")
         axis.set_title(collection)
-        axis.legend(fontsize=8)
+        axis.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
     figure.tight_layout()
     figure.savefig(output.with_suffix(".png"), dpi=110)
     plt.close(figure)
@@ -221,8 +227,8 @@ def main(argv: list[str] | None = None) -> None:
             measure = partial(measured, str(model), store, queries, query_ids, qrels, widths, normalize)
             ledger.stage(("collections", collection, name), inputs, measure)
             if args.rotate:
-                where, turned = ("collections", collection, f"{name} rotated"), partial(measure, rotated=True)
-                ledger.stage(where, {**inputs, "rotated": True}, turned)
+                where = ("collections", collection, f"{name}{ROTATED_SUFFIX}")
+                ledger.stage(where, {**inputs, "rotated": True}, partial(measure, rotated=True))
     ledger.save()
     print(f"wrote {output}, {output.with_suffix('.md')} and {output.with_suffix('.png')}")
 
