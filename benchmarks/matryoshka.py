@@ -154,7 +154,7 @@ def plot(results: dict, output: Path) -> None:
             base = name.removesuffix(ROTATED_SUFFIX)
             widths = sorted(int(w) for w in entry.get("widths", {}))
             shares = [entry["widths"][str(w)]["share_of_full_width"] for w in widths]
-            axis.plot(widths, shares, marker="o", label=name, color=palette(bases.index(base)),
+            axis.plot(widths, shares, marker="o", label=name, color=palette(bases.index(base) % palette.N),
                       linestyle="--" if name != base else "-")  # fmt: skip
         axis.axhline(GOAL_SHARE, color="grey", linestyle=":", linewidth=1)
         axis.set_xscale("log", base=2)
