@@ -84,6 +84,7 @@ DEPTH = 10
 MIB = 2**20
 INDEX_FILES = ("index.faiss", "codes.faiss", "rescore.npy")  # an index folder's files searched (not ids)
 GOAL_SHARE = 0.99  # issue 64: binary with rescoring keeps >= 0.99 of flat's nDCG@10 at 1/32 of its RAM
+GOAL_SPEED = 10  # ... and, at wiki1m's 1M, answers >= 10x flat's queries a second
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class Method:
     rescore_with: str | None = None
     binary_index: str | None = None
     nprobe: int | None = None
+    code_bits: int | None = None
 
     @property
     def folder_name(self) -> str:
@@ -113,7 +115,7 @@ class Method:
             return IndexSpec(type=self.kind)
         probed = {} if self.nprobe is None else {"nprobe": self.nprobe}
         return QuantizedSpec(type=self.kind, rescore=self.rescore, rescore_with=self.rescore_with,
-                             binary_index=self.binary_index, **probed)  # fmt: skip
+                             binary_index=self.binary_index, code_bits=self.code_bits, **probed)  # fmt: skip
 
     def command(self, target: float) -> str:
         """The `densekit index` or sentence-transformers call it stands for."""
@@ -126,6 +128,8 @@ class Method:
             options += f" --binary-index {self.binary_index}"
         if self.nprobe is not None:
             options += f" --nprobe {self.nprobe}"
+        if self.code_bits is not None:
+            options += f" --code-bits {self.code_bits}"
         if self.kind == "ivfpq":
             options += f" --target-recall {target}"
         if self.rescore:
@@ -136,10 +140,11 @@ class Method:
 
 
 def methods(multipliers: list[int], skip: list[str], binary_indexes: tuple[str, ...] = (),
-            nprobes: tuple[int, ...] = ()) -> list[Method]:  # fmt: skip
+            nprobes: tuple[int, ...] = (), code_bits: tuple[int, ...] = ()) -> list[Method]:  # fmt: skip
     """Every method measured, in the table's order, less those named in `skip`; `binary_indexes`
     (hnsw, ivf) adds binary codes in that faiss index, rescored against int8 at each multiplier (a
-    binary ivf index once for each of `nprobes`, where given, else at its default)."""
+    binary ivf index once for each of `nprobes`, where given, else at its default; and once more for
+    each of `code_bits`, codes of that many bits)."""
     found = [Method("flat", "densekit", "flat"), Method("int8", "densekit", "int8"),
              Method("binary", "densekit", "binary")]  # fmt: skip
     found += [Method(f"binary + int8 x{m}", "densekit", "binary", m, "int8") for m in multipliers]
@@ -147,8 +152,10 @@ def methods(multipliers: list[int], skip: list[str], binary_indexes: tuple[str, 
     for structure in binary_indexes:
         for nprobe in (nprobes or (None,)) if structure == "ivf" else (None,):
             label = f"binary {structure}" + ("" if nprobe is None else f" nprobe {nprobe}")
-            found += [Method(f"{label} + int8 x{m}", "densekit", "binary", m, "int8", structure, nprobe)
-                      for m in multipliers]  # fmt: skip
+            for bits in (None, *code_bits):
+                named = label + ("" if bits is None else f" {bits} bits")
+                found += [Method(f"{named} + int8 x{m}", "densekit", "binary", m, "int8", structure, nprobe,
+                                 bits) for m in multipliers]  # fmt: skip
     found.append(Method("ivfpq", "densekit", "ivfpq"))
     for kind, label in (("ubinary", "st ubinary"), ("uint8", "st int8")):
         found.append(Method(label, "sentence-transformers", kind))
@@ -481,7 +488,29 @@ def goals(target: dict) -> dict[str, Any]:
             "as_fast_at": [setting for setting, x in speeds.items() if x is not None and x >= 1],
         }  # fmt: skip
     return {"binary_int8_rescoring_0.99": {"depths": depths, "smallest_met": met[0] if met else None},
-            "against_sentence_transformers": against}  # fmt: skip
+            "against_sentence_transformers": against,
+            "binary_share_ram_speed": every_goal(target)}  # fmt: skip
+
+
+def every_goal(target: dict) -> dict[str, dict]:
+    """Each of densekit's binary methods with rescoring (any index of the codes): its share of flat's
+    nDCG@10, its RAM as a fraction of float32's, its least speed over flat's in the settings timed, and
+    whether it meets all three goals (>= GOAL_SHARE, <= 1/32, >= GOAL_SPEED x in every setting)."""
+    float32 = 4 * target["collection"]["dimension"]
+    found = {}
+    for name, result in entries(target).items():
+        share = result.get("quality", {}).get("share_of_flat")
+        if not name.startswith("binary") or " + int8 x" not in name or share is None:
+            continue
+        ram = result["build"]["memory"]["ram_bytes_per_vector"]
+        speeds = [value.get("x_flat") for value in result.get("speed", {}).values()]
+        least = min(speeds) if speeds and None not in speeds else None
+        found[name] = {
+            "share_of_flat": round(share, 4), "ram_bytes_per_vector": round(ram, 2),
+            "ram_fraction_of_float32": round(ram / float32, 5), "least_x_flat": least,
+            "met": share >= GOAL_SHARE and ram <= float32 / 32 and least is not None and least >= GOAL_SPEED,
+        }  # fmt: skip
+    return found
 
 
 def table(results: dict) -> str:
@@ -523,6 +552,12 @@ def table(results: dict) -> str:
             verdict = f"met from x{smallest}." if smallest else "not met at any depth measured."
             lines += ["", f"Goal (binary + int8 rescoring >= {GOAL_SHARE} of flat's nDCG@10 at 1/32 of its "
                           f"RAM): {verdict}"]  # fmt: skip
+        every = target.get("goals", {}).get("binary_share_ram_speed", {})
+        if any(value["least_x_flat"] is not None for value in every.values()):
+            met = [f"`{name}`" for name, value in every.items() if value["met"]]
+            lines += ["", f"All three (>= {GOAL_SHARE} of flat's nDCG@10, <= 1/32 of its RAM, "
+                          f">= {GOAL_SPEED}x its queries a second in every setting): "
+                          f"{', '.join(met) or 'none'}."]  # fmt: skip
         lines.append("")
     return with_commands(lines, results)
 
@@ -578,6 +613,8 @@ def plot(results: dict, output: Path) -> None:
                     axis.annotate(f"x{depth}", (ram * offset, share), fontsize=7, color=colour,
                                   xytext=(-16 if left else 5, -3), textcoords="offset points")  # fmt: skip
         axis.axhline(GOAL_SHARE, color="grey", linestyle=":", label=f"{GOAL_SHARE} of flat")
+        axis.axvline(target["collection"]["dimension"] / 8, color="grey", linestyle="--", linewidth=0.8,
+                     label="1/32 of float32")  # fmt: skip
         axis.set_xscale("log")
         dimension = target["collection"]["dimension"]
         ticks = {dimension / 8: "binary", dimension: "int8", 4 * dimension: "float32"}
@@ -638,6 +675,9 @@ def main(argv: list[str] | None = None) -> None:
                         "against int8 at each --rescore multiplier")  # fmt: skip
     parser.add_argument("--nprobe", type=int, nargs="*", default=[],
                         help="binary ivf: lists probed, a method each (default: its own)")  # fmt: skip
+    parser.add_argument("--code-bits", type=int, nargs="*", default=[],
+                        help="with --binary-index: each binary hnsw or ivf method again with codes of "
+                        "this many bits (densekit index --code-bits)")  # fmt: skip
     parser.add_argument("--target-recall", type=float, default=0.95, help="IVF-PQ's target")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="queries a call")
@@ -665,7 +705,10 @@ def main(argv: list[str] | None = None) -> None:
 
     ledger = Ledger(output, "compression", sys.argv[1:] if argv is None else argv, derived)
     ledger.data["rescore_multipliers"] = args.rescore
-    chosen = methods(args.rescore, args.skip, tuple(args.binary_index), tuple(args.nprobe))
+    if args.code_bits and not args.binary_index:
+        parser.error("--code-bits adds binary hnsw or ivf methods: give --binary-index with it")
+    chosen = methods(args.rescore, args.skip, tuple(args.binary_index), tuple(args.nprobe),
+                     tuple(args.code_bits))  # fmt: skip
     from densekit.data.dataset import Dataset
 
     for name in collections:

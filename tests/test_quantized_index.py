@@ -6,6 +6,7 @@ takes; bad options are refused in one line; search and the recipes use them unch
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import faiss
@@ -17,14 +18,20 @@ from densekit.data import Dataset, Diagnostics
 from densekit.data.trec import read_run
 from densekit.encoding.corpus import encode_corpus
 from densekit.index import SearchIndex, build_index
-from densekit.index.backends.quantized_index import MAX_RESCORE, QuantizedIndex, QuantizedSpec, binarize
+from densekit.index.backends.quantized_index import (
+    MAX_RESCORE,
+    PROJECTION_FILE,
+    QuantizedIndex,
+    QuantizedSpec,
+    binarize,
+)
 from densekit.index.recall import RecallSettings
 from densekit.io.artefact import read_manifest
 from densekit.models import DenseEncoder
 from densekit.recipes.runner import run_recipe
 
 from .hostile.commands import assert_refused, cli
-from .test_index import fake_store
+from .test_index import fake_store, rewrite_checksum
 from .test_index_recall import exact_rows, recount
 
 ROWS, DIMENSION = 600, 36  # a dimension that is no multiple of 8: the codes are padded
@@ -68,8 +75,10 @@ FULL = {"rescore": MAX_RESCORE, "rescore_with": "float32"}  # 64 x 10 candidates
 @pytest.mark.parametrize(
     "spec",
     [{"type": "binary", **FULL}, {"type": "binary", "binary_index": "hnsw", **FULL},
-     {"type": "binary", "binary_index": "ivf", "nlist": 8, "nprobe": 8, **FULL}, {"type": "int8", **FULL}],
-    ids=["binary", "binary-hnsw", "binary-ivf", "int8"],
+     {"type": "binary", "binary_index": "ivf", "nlist": 8, "nprobe": 8, **FULL}, {"type": "int8", **FULL},
+     {"type": "binary", "code_bits": 16, **FULL},
+     {"type": "binary", "binary_index": "ivf", "nlist": 8, "nprobe": 8, "code_bits": 24, **FULL}],
+    ids=["binary", "binary-hnsw", "binary-ivf", "int8", "binary-16-bits", "binary-ivf-24-bits"],
 )  # fmt: skip
 def test_full_rescoring_with_the_float32_copy_is_exact_search(vectors, queries, tmp_path: Path, spec):
     index = built(fake_store(tmp_path / "emb", vectors, parts=2), tmp_path / "index", **spec)
@@ -208,6 +217,9 @@ def test_the_manifest_records_the_calibration_and_the_memory_and_index_prints_th
         (["--type", "int8", "--binary-index", "hnsw"], "--binary-index hnsw: an int8 index is a flat"),
         (["--type", "binary", "--binary-index", "lsh"], "--binary-index lsh: Input should be 'flat', 'hnsw'"),
         (["--type", "binary", "--pq-m", "4"], "--pq-m 4: not a setting of the quantized backend"),
+        (["--type", "binary", "--code-bits", "20"], "--code-bits 20: codes are whole bytes"),
+        (["--type", "binary", "--code-bits", "40"], "--code-bits 40: more bits than the vectors' 36"),
+        (["--type", "int8", "--code-bits", "16"], "--code-bits 16: an int8 index holds one byte a dimension"),
     ],
 )
 def test_bad_options_are_refused_in_one_line(vectors, capsys, tmp_path: Path, options, expected):
@@ -215,6 +227,49 @@ def test_bad_options_are_refused_in_one_line(vectors, capsys, tmp_path: Path, op
     code, err, _ = cli(capsys, "index", store.folder, "-o", tmp_path / "index", *options, "--no-progress")
     assert_refused(code, err, expected)
     assert not (tmp_path / "index").exists()
+
+
+def test_codes_of_fewer_bits_are_the_signs_of_a_centred_orthonormal_projection(
+    vectors, queries, tmp_path: Path
+):
+    bits = 24
+    index = built(fake_store(tmp_path / "emb", vectors), tmp_path / "index", type="binary", code_bits=bits,
+                  binary_index="ivf", nlist=8, nprobe=8)  # fmt: skip
+    projection = np.load(tmp_path / "index" / PROJECTION_FILE)
+    matrix, bias = projection[:, :-1], projection[:, -1]
+    assert matrix.shape == (bits, DIMENSION) and index.index.code_size == bits // 8
+    assert np.allclose(matrix @ matrix.T, np.eye(bits), atol=1e-5)  # PCA's axes, rotated: orthonormal
+    projected = vectors @ matrix.T + bias  # every row sampled (fewer rows than the sample): centred
+    assert np.allclose(projected.mean(axis=0), 0, atol=1e-5)
+    hits = index.search(queries[:20], 10)
+    signs = lambda values: np.where(values > 0, 1, -1)  # noqa: E731
+    agreement = signs(queries[:20] @ matrix.T + bias) @ signs(projected).T  # bits - 2 x Hamming distance
+    assert np.array_equal(hits.scores, np.take_along_axis(agreement, hits.labels, axis=1).astype(np.float32))
+    assert np.array_equal(np.sort(hits.scores, axis=1)[:, ::-1], -np.sort(-agreement, axis=1)[:, :10])
+    memory = read_manifest(tmp_path / "index").about["memory"]  # type: ignore[union-attr]
+    # each code's 3 bytes and 8-byte id, the 8 centroids' codes, and the projection
+    assert memory["ram_bytes"] == ROWS * (3 + 8) + 8 * 3 + projection.nbytes
+    assert memory["disk_bytes"] == sum(
+        (tmp_path / "index" / name).stat().st_size for name in ("codes.faiss", PROJECTION_FILE)
+    )
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [(lambda p: p[:-1], "not the float32 (24, 37)"), (lambda p: p.astype(np.float64), "holds float64"),
+     (lambda p: np.where(p > 0, np.nan, p).astype(np.float32), "NaN or an infinity")],
+    ids=["shape", "dtype", "nan"],
+)  # fmt: skip
+def test_a_damaged_projection_is_refused_on_loading_naming_the_file(
+    vectors, tmp_path: Path, damage, expected: str
+):
+    built(fake_store(tmp_path / "emb", vectors), tmp_path / "index", type="binary", code_bits=24)
+    path = tmp_path / "index" / PROJECTION_FILE
+    np.save(path, damage(np.load(path)))
+    rewrite_checksum(tmp_path / "index", PROJECTION_FILE)  # a folder made so: its checksums agree
+    with pytest.raises(ValueError, match=re.escape(expected)) as caught:
+        SearchIndex.load(tmp_path / "index")
+    assert str(path) in str(caught.value)
 
 
 def test_search_parameters_of_a_binary_hnsw_or_ivf_and_none_else(vectors, tmp_path: Path):

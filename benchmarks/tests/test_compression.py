@@ -181,3 +181,45 @@ def test_nprobe_without_a_binary_ivf_index_is_refused(capsys):
     with pytest.raises(SystemExit):
         compression.main(["--nprobe", "64"])
     assert "give --binary-index ivf with it" in capsys.readouterr().err
+
+
+def test_each_code_bits_is_a_binary_ivf_method_of_its_own_that_builds_with_it():
+    from benchmarks.compression import methods
+
+    found = {m.name: m for m in methods([10], [], ("ivf",), (64,), (312,))}
+    method = found["binary ivf nprobe 64 312 bits + int8 x10"]
+    assert method.spec().code_bits == 312 and method.spec().nprobe == 64
+    assert method.command(0.95) == (
+        "densekit index --type binary --binary-index ivf --nprobe 64 --code-bits 312 --rescore 10"
+    )
+    assert found["binary ivf nprobe 64 + int8 x10"].spec().code_bits is None
+
+
+def test_code_bits_without_a_binary_index_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        compression.main(["--code-bits", "312"])
+    assert "give --binary-index with it" in capsys.readouterr().err
+
+
+def test_every_goal_needs_the_share_the_ram_and_the_speed_in_every_setting():
+    def result(share: float, ram: float, speeds: list[float | None]) -> dict:
+        timed = {f"setting {n}": {"x_flat": x} for n, x in enumerate(speeds)}
+        return {"quality": {"share_of_flat": share}, "build": {"memory": {"ram_bytes_per_vector": ram}},
+                "speed": timed}  # fmt: skip
+
+    methods = {
+        "binary ivf 312 bits + int8 x25": result(0.991, 47.6, [40, 10.2, 70, 16]),
+        "binary ivf + int8 x10": result(0.991, 56.2, [40, 10.7, 70, 16]),  # 1/27
+        "binary + int8 x10": result(0.999, 48, [18, 5.5, 38, 6]),  # too slow 32 a call
+        "binary ivf nprobe 8 + int8 x10": result(0.95, 48, [140, 50, 300, 60]),  # loses too much
+        "binary ivf nprobe 9 + int8 x10": result(0.995, 48, [140, None, 300, 60]),  # a setting not timed
+        "st ubinary x10": result(0.999, 48, [40, 11, 70, 16]),  # not densekit's
+        "flat": result(1.0, 1536, [1, 1, 1, 1]),
+    }
+    target = {"collection": {"dimension": 384}, **methods}
+    found = compression.every_goal(target)
+    assert set(found) == set(methods) - {"st ubinary x10", "flat"}
+    assert [name for name, value in found.items() if value["met"]] == ["binary ivf 312 bits + int8 x25"]
+    assert found["binary ivf + int8 x10"]["ram_fraction_of_float32"] == round(56.2 / 1536, 5)
+    assert found["binary + int8 x10"]["least_x_flat"] == 5.5
+    assert found["binary ivf nprobe 9 + int8 x10"]["least_x_flat"] is None

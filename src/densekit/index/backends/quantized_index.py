@@ -5,8 +5,14 @@ binary: one bit a dimension, its sign (1 where the value is above 0, as sentence
 `quantize_embeddings` makes 'ubinary' codes), packed 8 to a byte and searched by Hamming distance in one
 of faiss's binary indexes: `IndexBinaryFlat` (every code), or `IndexBinaryHNSW` or `IndexBinaryIVF` for
 large collections. A query is binarized the same way; without rescoring, a code's score is the inner
-product of the two sign vectors, dimension - 2 x Hamming distance. int8: one byte a dimension, faiss's
-scalar quantiser (`IndexScalarQuantizer`, `QT_8bit`), searched with the float query.
+product of the two sign vectors, bits - 2 x Hamming distance. With `code_bits` N the codes are the signs
+of the vectors projected to N dimensions (a PCA fitted on a sample of the corpus, followed by a random
+rotation that spreads its variance over every bit; `projection.npy`), so that fewer bits than dimensions
+keep most of what the signs say: in a binary IVF index, whose lists hold each code's 8-byte id beside
+it, 312 bits (39 bytes) keep a vector within the 48 bytes of a 384-dimensional one's 1/32.
+
+int8: one byte a dimension, faiss's scalar quantiser (`IndexScalarQuantizer`, `QT_8bit`), searched with
+the float query.
 
 The calibration of 8-bit codes is each dimension's range, its minimum and maximum over the whole corpus
 (no value is clipped), recorded in `index.json` and the manifest. With `rescore` N, a search for k
@@ -61,6 +67,9 @@ from densekit.progress import progress_bar
 BACKEND = "quantized"
 CODES_FILE = "codes.faiss"
 RESCORE_FILE = "rescore.npy"
+PROJECTION_FILE = "projection.npy"
+PROJECTION_SAMPLE = 64 * 1024  # rows the projection of `code_bits` is fitted on
+MAX_CODE_BITS = 65536
 MAX_RESCORE = 64  # the deepest rescoring a target tries, as IVF-PQ's re-ranking (recall.MAX_K_FACTOR)
 _HNSW_NODE = 8 + 4  # HNSW's offset (64-bit) and level (32-bit) per vector
 _ID = 8  # an IVF list keeps each code's 64-bit id beside it
@@ -88,6 +97,11 @@ class QuantizedSpec(BaseModel):
     binary_index: Literal["flat", "hnsw", "ivf"] | None = Field(
         None, description="binary: faiss's flat (every code; the default), hnsw or ivf index of the codes"
     )
+    code_bits: int | None = Field(
+        None, ge=8, le=MAX_CODE_BITS, description="binary: bits a code, the signs of the vectors projected "
+        "to that many dimensions (PCA over the corpus, randomly rotated; a multiple of 8, at most the "
+        "dimension); none: one a dimension, the vectors' own signs"
+    )
     hnsw_m: int = Field(32, ge=2, le=MAX_HNSW_M, description="binary hnsw: neighbours per node")
     ef_construction: int = Field(
         200, gt=0, le=MAX_EF, description="binary hnsw: candidate list while building"
@@ -103,6 +117,10 @@ class QuantizedSpec(BaseModel):
         target will choose the rescoring depth), or a `SpecError` naming a setting that cannot be used."""
         if self.type == "int8" and self.binary_index is not None:
             raise SpecError("binary_index", self.binary_index, "an int8 index is a flat scalar-quantised one")
+        if self.type == "int8" and self.code_bits is not None:
+            raise SpecError("code_bits", self.code_bits, "an int8 index holds one byte a dimension")
+        if self.code_bits is not None and self.code_bits % 8:
+            raise SpecError("code_bits", self.code_bits, "codes are whole bytes: give a multiple of 8")
         copy = self.rescore_with or ("int8" if self.type == "binary" else "float32")
         if self.type == "int8" and copy == "int8":
             reason = "an int8 index's codes are already int8: rescore with float32"
@@ -142,6 +160,33 @@ def binarize(vectors: np.ndarray, bits: int | None = None) -> np.ndarray:
     return np.packbits(signs, axis=1)
 
 
+class BinaryCoder:
+    """Vectors as binary codes of `bits` bits: their signs (`binarize`), or the signs of their projection
+    (`matrix` x vector + `bias`, `bits` rows) where the index was built with `code_bits`."""
+
+    def __init__(self, bits: int, projection: np.ndarray | None = None):
+        self.bits = bits
+        self.projection = projection  # (bits, dimension + 1): the matrix, its last column the bias
+
+    def __call__(self, vectors: np.ndarray) -> np.ndarray:
+        """The codes of `vectors`, (rows, bits / 8) bytes."""
+        if self.projection is None:
+            return binarize(vectors, self.bits)
+        matrix, bias = self.projection[:, :-1], self.projection[:, -1]
+        return binarize(np.asarray(vectors, dtype=np.float32) @ matrix.T + bias, self.bits)
+
+    @classmethod
+    def fitted(cls, sample: np.ndarray, bits: int) -> BinaryCoder:
+        """The coder of `bits` bits fitted on `sample` (float32 rows): faiss's PCA to `bits` dimensions
+        with a random rotation after it, so that every bit carries a like share of the variance (the
+        signs of the leading components alone would spend bits on the least of it)."""
+        pca = faiss.PCAMatrix(sample.shape[1], bits, 0.0, True)
+        pca.train(np.ascontiguousarray(sample, dtype=np.float32))
+        matrix = faiss.vector_to_array(pca.A).reshape(bits, sample.shape[1])
+        bias = faiss.vector_to_array(pca.b)
+        return cls(bits, np.column_stack([matrix, bias]).astype(np.float32))
+
+
 def calibrate(
     chunks: recall_module.Chunks, dimension: int, check: Callable[[int, np.ndarray], None]
 ) -> np.ndarray:
@@ -172,14 +217,21 @@ def _trained(ranges: np.ndarray) -> np.ndarray:
 
 def ram_bytes(spec: QuantizedSpec, rows: int, dimension: int) -> int:
     """The bytes the index of a resolved `spec` holds in memory: the codes (one bit or one byte a
-    dimension), with a binary HNSW's graph or a binary IVF's ids and centroids; not the copy on disk."""
-    code = math.ceil(dimension / 8) if spec.type == "binary" else dimension
+    dimension, or `code_bits` bits and their projection), with a binary HNSW's graph or a binary IVF's
+    ids and centroids; not the copy on disk."""
+    code = _code_bits(spec, dimension) // 8 if spec.type == "binary" else dimension
+    projection = spec.code_bits * (dimension + 1) * 4 if spec.code_bits else 0
     if spec.binary_index == "hnsw":
-        return rows * (code + (2 * spec.hnsw_m + 1) * 4 + _HNSW_NODE)
+        return rows * (code + (2 * spec.hnsw_m + 1) * 4 + _HNSW_NODE) + projection
     if spec.binary_index == "ivf":
         assert spec.nlist is not None, "spec not resolved"
-        return rows * (code + _ID) + spec.nlist * code
-    return rows * code
+        return rows * (code + _ID) + spec.nlist * code + projection
+    return rows * code + projection
+
+
+def _code_bits(spec: QuantizedSpec, dimension: int) -> int:
+    """The bits of a binary code: `code_bits`, or one a dimension rounded up to whole bytes."""
+    return spec.code_bits or 8 * math.ceil(dimension / 8)
 
 
 def copy_bytes(spec: QuantizedSpec, rows: int, dimension: int) -> int:
@@ -201,8 +253,10 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
         meta: dict[str, Any],
         folder: Path,
         identity: dict[str, Any] | None = None,
+        projection: np.ndarray | None = None,
     ):
         self.index = index  # the codes
+        self.coder = BinaryCoder(index.d, projection) if isinstance(index, faiss.IndexBinary) else None
         self.copy = copy  # the finer copy, memory-mapped (None without rescoring)
         self.ids = np.asarray(ids, dtype=object)
         self.meta = meta
@@ -248,18 +302,23 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
                 "method": f"each dimension's minimum and maximum over the {rows} vectors",
                 "low": ranges[0].tolist(), "high": ranges[1].tolist(),
             }  # fmt: skip
+        coder = _coder(spec, dimension, chunks, rows, options.seed) if spec.type == "binary" else None
+        if coder is not None and coder.projection is not None:
+            about["projection"] = (f"PCA to {coder.bits} dimensions over {min(rows, PROJECTION_SAMPLE)} "
+                                   f"vectors drawn with seed {options.seed}, randomly rotated")  # fmt: skip
         digests: dict[str, str] = {}
         with index_folder(output, identity, about, options.overwrite, digests) as tmp:
-            index = _empty_index(spec, dimension, ranges, chunks, rows, options.seed)
+            index = _empty_index(spec, coder, ranges, chunks, rows, options.seed)
             copy_path = tmp / RESCORE_FILE
             with progress_bar(f"indexing ({spec.type})", rows, options.show_progress) as advance:
-                fill = _filler(index, spec, rows, dimension, ranges, chunks, checks, advance)
+                fill = _filler(index, spec, coder, rows, dimension, ranges, chunks, checks, advance)
                 if spec.rescore_with is None:
                     fill(lambda block: None)
                 else:
                     digests[RESCORE_FILE] = write_digested(copy_path, fill)
             copy = np.load(copy_path, mmap_mode="r") if spec.rescore_with else None
-            searcher = cls(index, copy, store.ids(), meta, tmp)
+            projection = coder.projection if coder is not None else None
+            searcher = cls(index, copy, store.ids(), meta, tmp, projection=projection)
             if recall is not None:
                 chosen, about["recall"] = _measure(searcher, store, recall, chunks, options.show_progress)
                 meta["spec"] = chosen.model_dump()
@@ -271,6 +330,8 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
             writer = faiss.write_index_binary if spec.type == "binary" else faiss.write_index
             writer(index, str(tmp / CODES_FILE))
             write_ids(store, tmp / IDS_FILE)
+            if projection is not None:
+                np.save(tmp / PROJECTION_FILE, projection)
             saved = QuantizedSpec(**meta["spec"])
             about["memory"] = _memory(saved, rows, dimension, tmp)
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
@@ -309,7 +370,10 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
             if copy.shape != (index.ntotal, meta["dimension"]):
                 shape = f"holds {copy.shape}, not the {index.ntotal} x {meta['dimension']} of the codes"
                 raise DataError([Problem(folder / RESCORE_FILE, None, shape)])
-        return cls(index, copy, ids, meta, folder, identity)
+        projection = None
+        if meta["spec"].get("code_bits"):
+            projection = _read_projection(folder / PROJECTION_FILE, (index.d, meta["dimension"] + 1))
+        return cls(index, copy, ids, meta, folder, identity, projection)
 
     @property
     def dimension(self) -> int:
@@ -365,17 +429,19 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
 
     def _coarse(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """The codes' top `depth` rows per query and their scores (binary: the sign vectors' inner
-        product; int8: faiss's inner product with the decoded codes)."""
+        product, the signs less twice the Hamming distance; int8: faiss's inner product with the decoded codes)."""
         if self.spec.type == "int8":
             return self.index.search(queries, depth)
-        codes = binarize(queries, self.index.d)
+        assert self.coder is not None, "a binary index has its coder"
+        codes = self.coder(queries)
         if self.spec.binary_index == "hnsw":
             parameters = faiss.SearchParametersHNSW()
             parameters.efSearch = max(self.spec.ef_search, depth)  # faiss gives fewer from a shorter list
             distances, labels = self.index.search(codes, depth, params=parameters)
         else:
             distances, labels = self.index.search(codes, depth)
-        return (self.dimension - 2 * distances).astype(np.float32), labels
+        signs = self.index.d if self.coder.projection is not None else self.dimension  # not the padding
+        return (signs - 2 * distances).astype(np.float32), labels
 
     def _rescored(self, queries: np.ndarray, labels: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """The best `depth` of each query's candidate rows (`labels`; -1 for none) by the float query's
@@ -412,7 +478,8 @@ def _finite_checks(store: EmbeddingStore) -> Callable[[int, np.ndarray], None]:
 def _check_fits(spec: QuantizedSpec, rows: int, dimension: int, add_batch: int) -> None:
     """Refuse, before any work, a build whose codes, one batch of vectors and any training sample need
     more memory than is available (the copy is written to disk, not held)."""
-    sample = training_rows(rows, spec.nlist) * dimension * 4 if spec.nlist else 0
+    ivf_sample = training_rows(rows, spec.nlist) if spec.nlist else 0
+    sample = max(ivf_sample, min(rows, PROJECTION_SAMPLE) if spec.code_bits else 0) * dimension * 4
     needed = ram_bytes(spec, rows, dimension) + min(rows, add_batch) * dimension * 4 + sample
     available, source = available_memory()
     if needed > available:
@@ -422,21 +489,52 @@ def _check_fits(spec: QuantizedSpec, rows: int, dimension: int, add_batch: int) 
         )
 
 
+def _coder(
+    spec: QuantizedSpec, dimension: int, chunks: recall_module.Chunks, rows: int, seed: int
+) -> BinaryCoder:
+    """The binary codes of a resolved `spec`: the vectors' own signs, or with `code_bits` the signs of
+    their projection fitted on a uniform sample of the rows (drawn with `seed`)."""
+    if spec.code_bits is None:
+        return BinaryCoder(_code_bits(spec, dimension))
+    if spec.code_bits > dimension:
+        reason = f"more bits than the vectors' {dimension} dimensions to project them to"
+        raise SpecError("code_bits", spec.code_bits, reason)
+    take = min(rows, PROJECTION_SAMPLE)
+    chosen = np.sort(np.random.default_rng(seed).choice(rows, size=take, replace=False))
+    return BinaryCoder.fitted(gather_rows(chunks(), chosen), spec.code_bits)
+
+
+def _read_projection(path: Path, shape: tuple[int, int]) -> np.ndarray:
+    """The projection a binary index of `code_bits` saved (float32 of `shape`, finite), or a
+    `DataError` naming the file and what is wrong with it."""
+    try:
+        projection = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise DataError([Problem(path, None, f"cannot be read as a .npy array: {err}")]) from None
+    if projection.dtype != np.float32 or projection.shape != shape:
+        found = f"{projection.dtype} of shape {projection.shape}"
+        raise DataError([Problem(path, None, f"holds {found}, not the float32 {shape} of the codes")])
+    if not np.isfinite(projection).all():
+        raise DataError([Problem(path, None, "holds NaN or an infinity")])
+    return projection
+
+
 def _empty_index(
-    spec: QuantizedSpec, dimension: int, ranges: np.ndarray | None, chunks: recall_module.Chunks, rows: int,
-    seed: int,
+    spec: QuantizedSpec, coder: BinaryCoder | None, ranges: np.ndarray | None, chunks: recall_module.Chunks,
+    rows: int, seed: int,
 ) -> faiss.Index | faiss.IndexBinary:  # fmt: skip
     """The empty index of the codes of a resolved `spec`: an int8 one calibrated with `ranges`, a binary
-    IVF trained on the codes of a uniform sample of the rows (drawn with `seed`)."""
+    one of `coder`'s codes (an IVF trained on those of a uniform sample of the rows, drawn with `seed`)."""
     if spec.type == "int8":
         assert ranges is not None, "an int8 index is calibrated"
         index = faiss.IndexScalarQuantizer(
-            dimension, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
+            ranges.shape[1], faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
         )
         faiss.copy_array_to_vector(_trained(ranges), index.sq.trained)
         index.is_trained = True  # with the corpus's ranges, as the copy's codes are
         return index
-    bits = 8 * math.ceil(dimension / 8)
+    assert coder is not None, "a binary index has its coder"
+    bits = coder.bits
     if spec.binary_index == "hnsw":
         index = faiss.index_binary_factory(bits, f"BHNSW{spec.hnsw_m}")
         index.hnsw.efConstruction = spec.ef_construction
@@ -446,14 +544,15 @@ def _empty_index(
         index = faiss.index_binary_factory(bits, f"BIVF{spec.nlist}")  # which owns its quantiser
         take = training_rows(rows, spec.nlist)
         chosen = np.sort(np.random.default_rng(seed).choice(rows, size=take, replace=False))
-        index.train(binarize(gather_rows(chunks(), chosen), bits))
+        index.train(coder(gather_rows(chunks(), chosen)))
         return index
     return faiss.IndexBinaryFlat(bits)
 
 
 def _filler(
-    index: Any, spec: QuantizedSpec, rows: int, dimension: int, ranges: np.ndarray | None,
-    chunks: recall_module.Chunks, check: Callable[[int, np.ndarray], None], advance: Callable[[int], None],
+    index: Any, spec: QuantizedSpec, coder: BinaryCoder | None, rows: int, dimension: int,
+    ranges: np.ndarray | None, chunks: recall_module.Chunks, check: Callable[[int, np.ndarray], None],
+    advance: Callable[[int], None],
 ) -> Callable[[Callable[[bytes], None]], None]:  # fmt: skip
     """The pass that adds every row's codes to `index` and gives the copy's bytes (a .npy file: its
     header, then its rows in order) to the function it is called with."""
@@ -470,7 +569,7 @@ def _filler(
         for first, vectors in chunks():
             batch = np.ascontiguousarray(vectors, dtype=np.float32)
             check(first, batch)
-            index.add(batch if spec.type == "int8" else binarize(batch, index.d))
+            index.add(batch if coder is None else coder(batch))
             if quantizer is not None:
                 write(quantizer.compute_codes(batch).tobytes())
             elif spec.rescore_with is not None:
@@ -567,7 +666,9 @@ def _memory(spec: QuantizedSpec, rows: int, dimension: int, folder: Path) -> dic
     """What a vector of the saved index takes: in RAM (its code, and a binary HNSW's graph or IVF's id)
     and on disk (the codes' file and the copy's), against float32's 4 bytes a dimension."""
     on_disk = sum(
-        (folder / name).stat().st_size for name in (CODES_FILE, RESCORE_FILE) if (folder / name).exists()
+        (folder / name).stat().st_size
+        for name in (CODES_FILE, RESCORE_FILE, PROJECTION_FILE)
+        if (folder / name).exists()
     )
     ram = ram_bytes(spec, rows, dimension)
     return {
