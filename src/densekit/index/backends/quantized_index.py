@@ -436,7 +436,8 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
 
     def _coarse(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """The codes' top `depth` rows per query and their scores (binary: the sign vectors' inner
-        product, the signs less twice the Hamming distance; int8: faiss's inner product with the decoded codes)."""
+        product, the signs less twice the Hamming distance; int8: faiss's inner product with the decoded
+        codes)."""
         if self.spec.type == "int8":
             return self.index.search(queries, depth)
         assert self.coder is not None, "a binary index has its coder"
