@@ -166,8 +166,7 @@ class BinaryCoder:
 
     def __init__(self, bits: int, projection: np.ndarray | None = None):
         self.bits = bits
-        self.projection = projection  # (bits, dimension + 1): the matrix, its last column the bias
-        self.transform = None
+        self.transform = None  # the projection, held once: by faiss
         if projection is not None:
             # applied by faiss, whose matrix product shares faiss's OpenMP threads: numpy's BLAS threads
             # spin beside them, which halved the queries a second of 32-query calls on two threads
@@ -175,6 +174,15 @@ class BinaryCoder:
             faiss.copy_array_to_vector(np.ascontiguousarray(projection[:, :-1]).ravel(), self.transform.A)
             faiss.copy_array_to_vector(np.ascontiguousarray(projection[:, -1]), self.transform.b)
             self.transform.is_trained = True
+
+    @property
+    def projection(self) -> np.ndarray | None:
+        """The projection as saved, (bits, dimension + 1) float32: the matrix, its last column the bias
+        (None for the vectors' own signs)."""
+        if self.transform is None:
+            return None
+        matrix = faiss.vector_to_array(self.transform.A).reshape(self.bits, self.transform.d_in)
+        return np.column_stack([matrix, faiss.vector_to_array(self.transform.b)]).astype(np.float32)
 
     def __call__(self, vectors: np.ndarray) -> np.ndarray:
         """The codes of `vectors`, (rows, bits / 8) bytes."""
@@ -310,7 +318,8 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
                 "low": ranges[0].tolist(), "high": ranges[1].tolist(),
             }  # fmt: skip
         coder = _coder(spec, dimension, chunks, rows, options.seed) if spec.type == "binary" else None
-        if coder is not None and coder.projection is not None:
+        projection = coder.projection if coder is not None else None
+        if projection is not None:
             about["projection"] = (f"PCA to {coder.bits} dimensions over {min(rows, PROJECTION_SAMPLE)} "
                                    f"vectors drawn with seed {options.seed}, randomly rotated")  # fmt: skip
         digests: dict[str, str] = {}
@@ -324,7 +333,6 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
                 else:
                     digests[RESCORE_FILE] = write_digested(copy_path, fill)
             copy = np.load(copy_path, mmap_mode="r") if spec.rescore_with else None
-            projection = coder.projection if coder is not None else None
             searcher = cls(index, copy, store.ids(), meta, tmp, projection=projection)
             if recall is not None:
                 chosen, about["recall"] = _measure(searcher, store, recall, chunks, options.show_progress)
@@ -448,7 +456,7 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
             distances, labels = self.index.search(codes, depth, params=parameters)
         else:
             distances, labels = self.index.search(codes, depth)
-        signs = self.index.d if self.coder.projection is not None else self.dimension  # not the padding
+        signs = self.index.d if self.coder.transform is not None else self.dimension  # not the padding
         return (signs - 2 * distances).astype(np.float32), labels
 
     def _rescored(self, queries: np.ndarray, labels: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
