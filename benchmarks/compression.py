@@ -19,7 +19,9 @@ method below is built from the same vectors:
   the index is built at its defaults); with `--binary-index hnsw ivf`, also `binary hnsw + int8 xN` and
   `binary ivf + int8 xN` (`--type binary --binary-index hnsw --rescore N`: the codes in faiss's
   `IndexBinaryHNSW` or `IndexBinaryIVF` at their defaults, for collections where scanning every code is
-  slow; no sentence-transformers counterpart, whose search scans every code);
+  slow; no sentence-transformers counterpart, whose search scans every code), the ivf ones once for
+  each of `--nprobe`, with `--nlist` lists where given, once for each kind of `--ivf-centroids`
+  (`... int8 centroids + int8 xN`: `--ivf-centroids int8`), and again with `--code-bits` bits a code;
 - sentence-transformers' (`sentence_transformers.util.quantization`), as its documentation uses them: the
   corpus quantised by `quantize_embeddings` (`ubinary`; `uint8` with the corpus's ranges, its
   int8 for faiss), added to the faiss index `semantic_search_faiss` builds for that precision
@@ -101,6 +103,8 @@ class Method:
     binary_index: str | None = None
     nprobe: int | None = None
     code_bits: int | None = None
+    nlist: int | None = None
+    ivf_centroids: str | None = None
 
     @property
     def folder_name(self) -> str:
@@ -113,9 +117,10 @@ class Method:
 
         if self.kind in ("flat", "ivfpq"):
             return IndexSpec(type=self.kind)
-        probed = {} if self.nprobe is None else {"nprobe": self.nprobe}
+        given = {name: getattr(self, name) for name in ("nprobe", "nlist") if getattr(self, name) is not None}
         return QuantizedSpec(type=self.kind, rescore=self.rescore, rescore_with=self.rescore_with,
-                             binary_index=self.binary_index, code_bits=self.code_bits, **probed)  # fmt: skip
+                             binary_index=self.binary_index, code_bits=self.code_bits,
+                             ivf_centroids=self.ivf_centroids, **given)  # fmt: skip
 
     def command(self, target: float) -> str:
         """The `densekit index` or sentence-transformers call it stands for."""
@@ -126,10 +131,14 @@ class Method:
         options = f"--type {self.kind}"
         if self.binary_index:
             options += f" --binary-index {self.binary_index}"
+        if self.nlist is not None:
+            options += f" --nlist {self.nlist}"
         if self.nprobe is not None:
             options += f" --nprobe {self.nprobe}"
         if self.code_bits is not None:
             options += f" --code-bits {self.code_bits}"
+        if self.ivf_centroids is not None:
+            options += f" --ivf-centroids {self.ivf_centroids}"
         if self.kind == "ivfpq":
             options += f" --target-recall {target}"
         if self.rescore:
@@ -140,22 +149,30 @@ class Method:
 
 
 def methods(multipliers: list[int], skip: list[str], binary_indexes: tuple[str, ...] = (),
-            nprobes: tuple[int, ...] = (), code_bits: tuple[int, ...] = ()) -> list[Method]:  # fmt: skip
+            nprobes: tuple[int, ...] = (), code_bits: tuple[int, ...] = (),
+            ivf: dict[str, Any] | None = None) -> list[Method]:  # fmt: skip
     """Every method measured, in the table's order, less those named in `skip`; `binary_indexes`
     (hnsw, ivf) adds binary codes in that faiss index, rescored against int8 at each multiplier (a
-    binary ivf index once for each of `nprobes`, where given, else at its default; and once more for
-    each of `code_bits`, codes of that many bits)."""
+    binary ivf index once for each of `nprobes`, where given, else at its default, with `ivf`'s
+    `nlist` where given, and once for each of its `centroids` kinds, else faiss's binary ones; and once
+    more for each of `code_bits`, codes of that many bits)."""
+    ivf = ivf or {}
     found = [Method("flat", "densekit", "flat"), Method("int8", "densekit", "int8"),
              Method("binary", "densekit", "binary")]  # fmt: skip
     found += [Method(f"binary + int8 x{m}", "densekit", "binary", m, "int8") for m in multipliers]
     found += [Method(f"binary + float32 x{m}", "densekit", "binary", m, "float32") for m in multipliers]
     for structure in binary_indexes:
-        for nprobe in (nprobes or (None,)) if structure == "ivf" else (None,):
-            label = f"binary {structure}" + ("" if nprobe is None else f" nprobe {nprobe}")
-            for bits in (None, *code_bits):
-                named = label + ("" if bits is None else f" {bits} bits")
-                found += [Method(f"{named} + int8 x{m}", "densekit", "binary", m, "int8", structure, nprobe,
-                                 bits) for m in multipliers]  # fmt: skip
+        nlist = ivf.get("nlist") if structure == "ivf" else None
+        centroids = (ivf.get("centroids") or (None,)) if structure == "ivf" else (None,)
+        for kind in centroids:
+            for nprobe in (nprobes or (None,)) if structure == "ivf" else (None,):
+                label = f"binary {structure}" + ("" if nlist is None else f" nlist {nlist}")
+                label += "" if nprobe is None else f" nprobe {nprobe}"
+                for bits in (None, *code_bits):
+                    named = label + ("" if bits is None else f" {bits} bits")
+                    named += " int8 centroids" if kind == "int8" else ""
+                    found += [Method(f"{named} + int8 x{m}", "densekit", "binary", m, "int8", structure,
+                                     nprobe, bits, nlist, kind) for m in multipliers]  # fmt: skip
     found.append(Method("ivfpq", "densekit", "ivfpq"))
     for kind, label in (("ubinary", "st ubinary"), ("uint8", "st int8")):
         found.append(Method(label, "sentence-transformers", kind))
@@ -547,7 +564,7 @@ def table(results: dict) -> str:
         if loads:
             lines += ["", "Load average (1 min) before / after each speed setting: " + "; ".join(loads) + "."]
         goal = target.get("goals", {}).get("binary_int8_rescoring_0.99")
-        if goal:
+        if goal and goal["depths"]:  # the flat scan of the codes measured
             smallest = goal["smallest_met"]
             verdict = f"met from x{smallest}." if smallest else "not met at any depth measured."
             lines += ["", f"Goal (binary + int8 rescoring >= {GOAL_SHARE} of flat's nDCG@10 at 1/32 of its "
@@ -631,10 +648,16 @@ def plot(results: dict, output: Path) -> None:
     for axis in axes.flat:
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             shown.setdefault(label, handle)
-    columns_of_legend = min(5, 3 * columns)
+    # as many columns as the longest label leaves room for (about 5.5 points a character at size 9, and
+    # 40 for the marker), and the figure made taller by the legend's rows, so that none is cut off
+    width = 7 * columns
+    fits = int(width * 72 / (40 + 5.5 * max(map(len, shown))))
+    columns_of_legend = max(1, min(5, 3 * columns, fits))
     legend_rows = -(-len(shown) // columns_of_legend)
+    legend = 0.15 + 0.25 * legend_rows  # inches
+    figure.set_size_inches(width, 5 * rows + legend)
     figure.legend(list(shown.values()), list(shown), loc="lower center", ncol=columns_of_legend, fontsize=9)
-    figure.tight_layout(rect=(0, (0.02 + 0.045 * legend_rows) / rows, 1, 1))
+    figure.tight_layout(rect=(0, legend / (5 * rows + legend), 1, 1))
     figure.savefig(output.with_suffix(".png"), dpi=110)
     plt.close(figure)
 
@@ -678,6 +701,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--code-bits", type=int, nargs="*", default=[],
                         help="with --binary-index: each binary hnsw or ivf method again with codes of "
                         "this many bits (densekit index --code-bits)")  # fmt: skip
+    parser.add_argument("--nlist", type=int, help="binary ivf: its lists (default: its own)")
+    parser.add_argument("--ivf-centroids", nargs="*", default=[], choices=["binary", "int8"],
+                        help="binary ivf: each method once with centroids of each kind (densekit index "
+                        "--ivf-centroids; default: binary)")  # fmt: skip
     parser.add_argument("--target-recall", type=float, default=0.95, help="IVF-PQ's target")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32], help="queries a call")
@@ -685,8 +712,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of every method")
     parser.add_argument("--skip", nargs="*", default=[], help="methods left out (ivfpq, 'st int8 x2', ...)")
     args = parser.parse_args(argv)
-    if args.nprobe and "ivf" not in args.binary_index:
-        parser.error("--nprobe sets a binary ivf index's lists probed: give --binary-index ivf with it")
+    for name in ("nprobe", "nlist", "ivf_centroids"):
+        if getattr(args, name) and "ivf" not in args.binary_index:
+            option = "--" + name.replace("_", "-")
+            parser.error(f"{option} sets binary ivf indexes: give --binary-index ivf with it")
     if "flat" in args.skip:
         parser.error("--skip flat: every method is measured against flat")
     if args.sizes and args.embeddings is None:
@@ -707,8 +736,9 @@ def main(argv: list[str] | None = None) -> None:
     ledger.data["rescore_multipliers"] = args.rescore
     if args.code_bits and not args.binary_index:
         parser.error("--code-bits adds binary hnsw or ivf methods: give --binary-index with it")
+    ivf = {"nlist": args.nlist, "centroids": tuple(args.ivf_centroids)}
     chosen = methods(args.rescore, args.skip, tuple(args.binary_index), tuple(args.nprobe),
-                     tuple(args.code_bits))  # fmt: skip
+                     tuple(args.code_bits), ivf)  # fmt: skip
     from densekit.data.dataset import Dataset
 
     for name in collections:

@@ -77,8 +77,10 @@ FULL = {"rescore": MAX_RESCORE, "rescore_with": "float32"}  # 64 x 10 candidates
     [{"type": "binary", **FULL}, {"type": "binary", "binary_index": "hnsw", **FULL},
      {"type": "binary", "binary_index": "ivf", "nlist": 8, "nprobe": 8, **FULL}, {"type": "int8", **FULL},
      {"type": "binary", "code_bits": 16, **FULL},
-     {"type": "binary", "binary_index": "ivf", "nlist": 8, "nprobe": 8, "code_bits": 24, **FULL}],
-    ids=["binary", "binary-hnsw", "binary-ivf", "int8", "binary-16-bits", "binary-ivf-24-bits"],
+     {"type": "binary", "binary_index": "ivf", "nlist": 8, "nprobe": 8, "code_bits": 24, **FULL},
+     {"type": "binary", "binary_index": "ivf", "nlist": 8, "nprobe": 8, "ivf_centroids": "int8", **FULL}],
+    ids=["binary", "binary-hnsw", "binary-ivf", "int8", "binary-16-bits", "binary-ivf-24-bits",
+         "binary-ivf-int8-centroids"],
 )  # fmt: skip
 def test_full_rescoring_with_the_float32_copy_is_exact_search(vectors, queries, tmp_path: Path, spec):
     index = built(fake_store(tmp_path / "emb", vectors, parts=2), tmp_path / "index", **spec)
@@ -220,6 +222,11 @@ def test_the_manifest_records_the_calibration_and_the_memory_and_index_prints_th
         (["--type", "binary", "--code-bits", "20"], "--code-bits 20: codes are whole bytes"),
         (["--type", "binary", "--code-bits", "40"], "--code-bits 40: more bits than the vectors' 36"),
         (["--type", "int8", "--code-bits", "16"], "--code-bits 16: an int8 index holds one byte a dimension"),
+        (["--type", "binary", "--ivf-centroids", "int8"], "--ivf-centroids int8: only a binary ivf index"),
+        (
+            ["--type", "binary", "--binary-index", "ivf", "--ivf-centroids", "float"],
+            "--ivf-centroids float: Input should be 'binary' or 'int8'",
+        ),
     ],
 )
 def test_bad_options_are_refused_in_one_line(vectors, capsys, tmp_path: Path, options, expected):
@@ -268,6 +275,46 @@ def test_a_damaged_projection_is_refused_on_loading_naming_the_file(
     np.save(path, damage(np.load(path)))
     rewrite_checksum(tmp_path / "index", PROJECTION_FILE)  # a folder made so: its checksums agree
     with pytest.raises(ValueError, match=re.escape(expected)) as caught:
+        SearchIndex.load(tmp_path / "index")
+    assert str(path) in str(caught.value)
+
+
+def test_int8_centroids_choose_each_vectors_list_and_the_lists_a_float_query_probes(
+    vectors, queries, tmp_path: Path
+):
+    index = built(fake_store(tmp_path / "emb", vectors, parts=2), tmp_path / "index", type="binary",
+                  binary_index="ivf", nlist=8, nprobe=1, ivf_centroids="int8")  # fmt: skip
+    assert index.lists is not None and index.index.quantizer.ntotal == 0  # faiss's own centroids unused
+    centroids = np.load(tmp_path / "index" / "centroids.npy")
+    assert centroids.shape == (8, DIMENSION) and np.allclose(np.linalg.norm(centroids, axis=1), 1, atol=1e-5)
+    held = index.lists.reconstruct_n(0, 8)  # the int8 codes decoded: within a step of their ranges
+    steps = (centroids.max(axis=0) - centroids.min(axis=0)) / 255
+    assert np.all(np.abs(held - centroids) <= steps + 1e-6)
+    invlists = faiss.downcast_InvertedLists(index.index.invlists)
+    member = np.full(ROWS, -1)
+    for number in range(8):
+        listed = faiss.rev_swig_ptr(invlists.get_ids(number), invlists.list_size(number))
+        member[np.asarray(listed)] = number
+    assert np.array_equal(member, np.argmax(vectors @ held.T, axis=1))  # each row in its nearest list, once
+    assert len(set(member.tolist())) > 4  # the vectors' 30 groups spread over the lists
+    hits = index.search(queries, 10)
+    probed = np.argmax(queries @ held.T, axis=1)
+    found = hits.labels >= 0
+    assert np.all(member[hits.labels[found]] == np.repeat(probed, found.sum(axis=1)))
+    sizes = np.bincount(member, minlength=8)
+    assert np.array_equal(found.sum(axis=1), np.minimum(10, sizes[probed]))  # the probed list's best
+    memory = read_manifest(tmp_path / "index").about["memory"]  # type: ignore[union-attr]
+    # each code's 5 bytes and 8-byte id, the centroids' byte a dimension and their ranges
+    assert memory["ram_bytes"] == ROWS * (5 + 8) + 8 * DIMENSION + 2 * DIMENSION * 4
+
+
+def test_damaged_centroids_are_refused_on_loading_naming_the_file(vectors, tmp_path: Path):
+    built(fake_store(tmp_path / "emb", vectors), tmp_path / "index", type="binary", binary_index="ivf",
+          nlist=8, ivf_centroids="int8")  # fmt: skip
+    path = tmp_path / "index" / "centroids.npy"
+    np.save(path, np.load(path)[:-1])
+    rewrite_checksum(tmp_path / "index", "centroids.npy")
+    with pytest.raises(ValueError, match=re.escape(f"not the float32 (8, {DIMENSION})")) as caught:
         SearchIndex.load(tmp_path / "index")
     assert str(path) in str(caught.value)
 

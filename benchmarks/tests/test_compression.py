@@ -177,10 +177,27 @@ def test_each_nprobe_is_a_binary_ivf_method_of_its_own_that_builds_with_it():
     assert "binary ivf + int8 x10" in {m.name for m in methods([10], [], ("ivf",))}
 
 
-def test_nprobe_without_a_binary_ivf_index_is_refused(capsys):
+@pytest.mark.parametrize("option", [["--nprobe", "64"], ["--nlist", "1024"], ["--ivf-centroids", "int8"]])
+def test_a_binary_ivf_setting_without_a_binary_ivf_index_is_refused(capsys, option: list[str]):
     with pytest.raises(SystemExit):
-        compression.main(["--nprobe", "64"])
-    assert "give --binary-index ivf with it" in capsys.readouterr().err
+        compression.main(option)
+    assert f"{option[0]} sets binary ivf indexes: give --binary-index ivf with it" in capsys.readouterr().err
+
+
+def test_each_kind_of_centroids_is_a_binary_ivf_method_of_its_own_with_the_lists_given():
+    from benchmarks.compression import methods
+
+    found = {m.name: m for m in methods([10], [], ("ivf",), (64,), (312,),
+                                        {"nlist": 1024, "centroids": ("binary", "int8")})}  # fmt: skip
+    method = found["binary ivf nlist 1024 nprobe 64 312 bits int8 centroids + int8 x10"]
+    spec = method.spec()
+    assert (spec.ivf_centroids, spec.nlist, spec.nprobe, spec.code_bits) == ("int8", 1024, 64, 312)
+    assert method.command(0.95) == (
+        "densekit index --type binary --binary-index ivf --nlist 1024 --nprobe 64 --code-bits 312 "
+        "--ivf-centroids int8 --rescore 10"
+    )
+    binary = found["binary ivf nlist 1024 nprobe 64 312 bits + int8 x10"]
+    assert binary.spec().ivf_centroids == "binary" and binary.spec().nlist == 1024
 
 
 def test_each_code_bits_is_a_binary_ivf_method_of_its_own_that_builds_with_it():

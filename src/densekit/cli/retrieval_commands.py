@@ -162,6 +162,7 @@ _INDEX_SETTINGS: dict[str, Any] = {
     "rescore_with": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
     "binary_index": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
     "code_bits": Annotated[int | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
+    "ivf_centroids": Annotated[str | None, typer.Option(rich_help_panel=SETTINGS_PANEL)],
     "setting": Annotated[list[str] | None, typer.Option(
         help="NAME=VALUE: a setting of the backend's spec that has no option of its own (repeatable; "
         "below).", rich_help_panel=SETTINGS_PANEL)],

@@ -11,6 +11,13 @@ rotation that spreads its variance over every bit; `projection.npy`), so that fe
 keep most of what the signs say: in a binary IVF index, whose lists hold each code's 8-byte id beside
 it, 312 bits (39 bytes) keep a vector within the 48 bytes of a 384-dimensional one's 1/32.
 
+A binary IVF index's lists have binary centroids by default (faiss's `IndexBinaryIVF`, k-means over the
+codes, a query's lists those nearest its code). With `ivf_centroids` int8 the centroids are k-means over
+the float vectors (`centroids.npy`), held in memory as 8-bit codes (faiss's scalar quantiser, a byte a
+dimension), and a vector's list and a query's lists are those whose centroids have the largest inner
+product with the float vector: lists that group near vectors better, so fewer are probed for the same
+recall (docs/compression.md measures both at wiki1m's 1M).
+
 int8: one byte a dimension, faiss's scalar quantiser (`IndexScalarQuantizer`, `QT_8bit`), searched with
 the float query.
 
@@ -68,6 +75,7 @@ BACKEND = "quantized"
 CODES_FILE = "codes.faiss"
 RESCORE_FILE = "rescore.npy"
 PROJECTION_FILE = "projection.npy"
+CENTROIDS_FILE = "centroids.npy"
 PROJECTION_SAMPLE = 64 * 1024  # rows the projection of `code_bits` is fitted on
 MAX_CODE_BITS = 65536
 MAX_RESCORE = 64  # the deepest rescoring a target tries, as IVF-PQ's re-ranking (recall.MAX_K_FACTOR)
@@ -111,6 +119,11 @@ class QuantizedSpec(BaseModel):
         None, gt=0, le=MAX_TRAINING_POINTS, description="binary ivf: inverted lists (4·sqrt(n), capped)"
     )
     nprobe: int = Field(32, gt=0, le=MAX_TRAINING_POINTS, description="binary ivf: lists visited per query")
+    ivf_centroids: Literal["binary", "int8"] | None = Field(
+        None, description="binary ivf: the lists' centroids, binary (k-means over the codes; the default) "
+        "or int8 (k-means over the float vectors, held as 8-bit codes; a query's lists chosen with its "
+        "float vector: fewer probed for the same recall)"
+    )
 
     def resolved(self, rows: int, targeted: bool) -> QuantizedSpec:
         """This spec with what it leaves to the corpus chosen for `rows` vectors (`targeted`: a recall
@@ -133,14 +146,18 @@ class QuantizedSpec(BaseModel):
             reason = "nothing is rescored: give --rescore N (or --target-recall) as well"
             raise SpecError("rescore_with", self.rescore_with, reason)
         structure = (self.binary_index or "flat") if self.type == "binary" else None
-        nlist = None
+        if self.ivf_centroids is not None and structure != "ivf":
+            raise SpecError("ivf_centroids", self.ivf_centroids, "only a binary ivf index has centroids")
+        nlist, centroids = None, None
         if structure == "ivf":
+            centroids = self.ivf_centroids or "binary"
             nlist = self.nlist or max(1, min(int(4 * math.sqrt(rows)), rows // MIN_POINTS_PER_CENTROID))
             if nlist > rows:
                 raise SpecError(
                     "nlist", nlist, f"more inverted lists than the {rows} vectors to train them on"
                 )
-        update = {"rescore_with": copy if rescoring else None, "binary_index": structure, "nlist": nlist}
+        update = {"rescore_with": copy if rescoring else None, "binary_index": structure, "nlist": nlist,
+                  "ivf_centroids": centroids}  # fmt: skip
         return self.model_copy(update=update)
 
     @property
@@ -233,14 +250,18 @@ def _trained(ranges: np.ndarray) -> np.ndarray:
 def ram_bytes(spec: QuantizedSpec, rows: int, dimension: int) -> int:
     """The bytes the index of a resolved `spec` holds in memory: the codes (one bit or one byte a
     dimension, or `code_bits` bits and their projection), with a binary HNSW's graph or a binary IVF's
-    ids and centroids; not the copy on disk."""
+    ids and centroids (binary codes, or int8 ones and their scalar quantiser's ranges); not the copy on
+    disk."""
     code = _code_bits(spec, dimension) // 8 if spec.type == "binary" else dimension
     projection = spec.code_bits * (dimension + 1) * 4 if spec.code_bits else 0
     if spec.binary_index == "hnsw":
         return rows * (code + (2 * spec.hnsw_m + 1) * 4 + _HNSW_NODE) + projection
     if spec.binary_index == "ivf":
         assert spec.nlist is not None, "spec not resolved"
-        return rows * (code + _ID) + spec.nlist * code + projection
+        centroids = spec.nlist * code
+        if spec.ivf_centroids == "int8":
+            centroids = spec.nlist * dimension + 2 * dimension * 4  # each a byte a dimension, and the ranges
+        return rows * (code + _ID) + centroids + projection
     return rows * code + projection
 
 
@@ -269,9 +290,12 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
         folder: Path,
         identity: dict[str, Any] | None = None,
         projection: np.ndarray | None = None,
+        centroids: np.ndarray | None = None,
     ):
         self.index = index  # the codes
         self.coder = BinaryCoder(index.d, projection) if isinstance(index, faiss.IndexBinary) else None
+        # a binary IVF's int8 centroids, choosing lists for float vectors (None: its own binary ones)
+        self.lists = None if centroids is None else centroid_lists(centroids)
         self.copy = copy  # the finer copy, memory-mapped (None without rescoring)
         self.ids = np.asarray(ids, dtype=object)
         self.meta = meta
@@ -324,16 +348,17 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
                                    f"vectors drawn with seed {options.seed}, randomly rotated")  # fmt: skip
         digests: dict[str, str] = {}
         with index_folder(output, identity, about, options.overwrite, digests) as tmp:
-            index = _empty_index(spec, coder, ranges, chunks, rows, options.seed)
+            index, centroids = _empty_index(spec, coder, ranges, chunks, rows, options.seed)
+            lists = None if centroids is None else centroid_lists(centroids)
             copy_path = tmp / RESCORE_FILE
             with progress_bar(f"indexing ({spec.type})", rows, options.show_progress) as advance:
-                fill = _filler(index, spec, coder, rows, dimension, ranges, chunks, checks, advance)
+                fill = _filler(index, spec, coder, lists, rows, dimension, ranges, chunks, checks, advance)
                 if spec.rescore_with is None:
                     fill(lambda block: None)
                 else:
                     digests[RESCORE_FILE] = write_digested(copy_path, fill)
             copy = np.load(copy_path, mmap_mode="r") if spec.rescore_with else None
-            searcher = cls(index, copy, store.ids(), meta, tmp, projection=projection)
+            searcher = cls(index, copy, store.ids(), meta, tmp, projection=projection, centroids=centroids)
             if recall is not None:
                 chosen, about["recall"] = _measure(searcher, store, recall, chunks, options.show_progress)
                 meta["spec"] = chosen.model_dump()
@@ -347,6 +372,11 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
             write_ids(store, tmp / IDS_FILE)
             if projection is not None:
                 np.save(tmp / PROJECTION_FILE, projection)
+            if centroids is not None:
+                np.save(tmp / CENTROIDS_FILE, centroids)
+                sampled = training_rows(rows, spec.nlist)
+                about["centroids"] = (f"spherical k-means of {spec.nlist} over {sampled} vectors drawn "
+                                      f"with seed {options.seed}, held as int8")  # fmt: skip
             saved = QuantizedSpec(**meta["spec"])
             about["memory"] = _memory(saved, rows, dimension, tmp)
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
@@ -387,8 +417,14 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
                 raise DataError([Problem(folder / RESCORE_FILE, None, shape)])
         projection = None
         if meta["spec"].get("code_bits"):
-            projection = _read_projection(folder / PROJECTION_FILE, (index.d, meta["dimension"] + 1))
-        return cls(index, copy, ids, meta, folder, identity, projection)
+            projection = _read_array(folder / PROJECTION_FILE, (index.d, meta["dimension"] + 1))
+        centroids = None
+        if meta["spec"].get("ivf_centroids") == "int8":
+            if not isinstance(index, faiss.IndexBinaryIVF):
+                found = f"holds a {type(index).__name__}, not a binary IVF index"
+                raise DataError([Problem(folder / CODES_FILE, None, found)])
+            centroids = _read_array(folder / CENTROIDS_FILE, (index.nlist, meta["dimension"]))
+        return cls(index, copy, ids, meta, folder, identity, projection, centroids)
 
     @property
     def dimension(self) -> int:
@@ -418,7 +454,7 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
                 raise SpecError(field, value, f"{self.folder} is {kind}: it has no {field}")
         self.spec = type(self).spec_of({**self.spec.model_dump(), **given})
         if used == "nprobe":
-            self.index.nprobe = self.spec.nprobe
+            self.index.nprobe = min(self.spec.nprobe, self.index.nlist)
 
     def stored_vectors(self, doc_ids: list[str]) -> np.ndarray | None:
         """None: the index holds codes, not the vectors as searched."""
@@ -445,7 +481,7 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
     def _coarse(self, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """The codes' top `depth` rows per query and their scores (binary: the sign vectors' inner
         product, the signs less twice the Hamming distance; int8: faiss's inner product with the decoded
-        codes)."""
+        codes). A binary IVF with int8 centroids probes the lists the float query picks."""
         if self.spec.type == "int8":
             return self.index.search(queries, depth)
         assert self.coder is not None, "a binary index has its coder"
@@ -454,6 +490,9 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
             parameters = faiss.SearchParametersHNSW()
             parameters.efSearch = max(self.spec.ef_search, depth)  # faiss gives fewer from a shorter list
             distances, labels = self.index.search(codes, depth, params=parameters)
+        elif self.lists is not None:
+            _, probed = self.lists.search(queries, self.index.nprobe)
+            distances, labels = self.index.search_preassigned(codes, depth, probed, None)
         else:
             distances, labels = self.index.search(codes, depth)
         signs = self.index.d if self.coder.transform is not None else self.dimension  # not the padding
@@ -520,8 +559,8 @@ def _coder(
     return BinaryCoder.fitted(gather_rows(chunks(), chosen), spec.code_bits)
 
 
-def _read_projection(path: Path, shape: tuple[int, int]) -> np.ndarray:
-    """The projection a binary index of `code_bits` saved (float32 of `shape`, finite), or a
+def _read_array(path: Path, shape: tuple[int, int]) -> np.ndarray:
+    """The projection or the centroids a binary index saved (float32 of `shape`, finite), or a
     `DataError` naming the file and what is wrong with it."""
     try:
         projection = np.load(path, allow_pickle=False)
@@ -529,7 +568,7 @@ def _read_projection(path: Path, shape: tuple[int, int]) -> np.ndarray:
         raise DataError([Problem(path, None, f"cannot be read as a .npy array: {err}")]) from None
     if projection.dtype != np.float32 or projection.shape != shape:
         found = f"{projection.dtype} of shape {projection.shape}"
-        raise DataError([Problem(path, None, f"holds {found}, not the float32 {shape} of the codes")])
+        raise DataError([Problem(path, None, f"holds {found}, not the float32 {shape} of the index")])
     if not np.isfinite(projection).all():
         raise DataError([Problem(path, None, "holds NaN or an infinity")])
     return projection
@@ -538,9 +577,10 @@ def _read_projection(path: Path, shape: tuple[int, int]) -> np.ndarray:
 def _empty_index(
     spec: QuantizedSpec, coder: BinaryCoder | None, ranges: np.ndarray | None, chunks: recall_module.Chunks,
     rows: int, seed: int,
-) -> faiss.Index | faiss.IndexBinary:  # fmt: skip
+) -> tuple[faiss.Index | faiss.IndexBinary, np.ndarray | None]:  # fmt: skip
     """The empty index of the codes of a resolved `spec`: an int8 one calibrated with `ranges`, a binary
-    one of `coder`'s codes (an IVF trained on those of a uniform sample of the rows, drawn with `seed`)."""
+    one of `coder`'s codes (an IVF trained on a uniform sample of the rows, drawn with `seed`: on their
+    codes, or with int8 centroids on the vectors); and an IVF's int8 centroids (float32; None else)."""
     if spec.type == "int8":
         assert ranges is not None, "an int8 index is calibrated"
         index = faiss.IndexScalarQuantizer(
@@ -548,27 +588,74 @@ def _empty_index(
         )
         faiss.copy_array_to_vector(_trained(ranges), index.sq.trained)
         index.is_trained = True  # with the corpus's ranges, as the copy's codes are
-        return index
+        return index, None
     assert coder is not None, "a binary index has its coder"
     bits = coder.bits
     if spec.binary_index == "hnsw":
         index = faiss.index_binary_factory(bits, f"BHNSW{spec.hnsw_m}")
         index.hnsw.efConstruction = spec.ef_construction
-        return index
+        return index, None
     if spec.binary_index == "ivf":
         assert spec.nlist is not None, "spec not resolved"
-        index = faiss.index_binary_factory(bits, f"BIVF{spec.nlist}")  # which owns its quantiser
         take = training_rows(rows, spec.nlist)
         chosen = np.sort(np.random.default_rng(seed).choice(rows, size=take, replace=False))
-        index.train(coder(gather_rows(chunks(), chosen)))
-        return index
-    return faiss.IndexBinaryFlat(bits)
+        sample = gather_rows(chunks(), chosen)
+        if spec.ivf_centroids == "int8":
+            quantizer = faiss.IndexBinaryFlat(bits)  # left empty: the int8 centroids choose the lists
+            index = faiss.IndexBinaryIVF(quantizer, bits, spec.nlist)
+            index.own_fields = True
+            quantizer.this.disown()
+            index.is_trained = True
+            return index, kmeans_centroids(sample, spec.nlist, seed)
+        index = faiss.index_binary_factory(bits, f"BIVF{spec.nlist}")  # which owns its quantiser
+        index.train(coder(sample))
+        return index, None
+    return faiss.IndexBinaryFlat(bits), None
+
+
+def kmeans_centroids(sample: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """`count` centroids (float32 rows, unit length) of the float rows `sample` by faiss's spherical
+    k-means, which assigns by inner product as the index scores; seeded with `seed`."""
+    kmeans = faiss.Kmeans(sample.shape[1], count, niter=20, spherical=True, seed=seed)
+    kmeans.train(np.ascontiguousarray(sample, dtype=np.float32))
+    return np.ascontiguousarray(kmeans.centroids, dtype=np.float32)
+
+
+def centroid_lists(centroids: np.ndarray) -> faiss.IndexScalarQuantizer:
+    """A binary IVF's int8 centroids: `centroids` (float32, a row a list) as 8-bit codes of faiss's
+    scalar quantiser (over their own ranges), searched by inner product with a float vector for the
+    lists it belongs to or probes."""
+    lists = faiss.IndexScalarQuantizer(
+        centroids.shape[1], faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
+    )
+    lists.train(centroids)
+    lists.add(centroids)
+    return lists
+
+
+def _add_codes(
+    index: faiss.Index | faiss.IndexBinary, vectors: np.ndarray, coder: BinaryCoder | None,
+    lists: faiss.IndexScalarQuantizer | None,
+) -> None:  # fmt: skip
+    """Add the codes of the float rows `vectors` to `index`; with `lists` (a binary IVF's int8
+    centroids) each to the list its vector picks."""
+    if coder is None:
+        index.add(vectors)
+        return
+    codes = np.ascontiguousarray(coder(vectors))
+    if lists is None:
+        index.add(codes)
+        return
+    # faiss's binary IVF picks lists with its binary quantiser in add(); add_core takes lists picked here
+    assigned = np.ascontiguousarray(lists.search(vectors, 1)[1][:, 0])
+    rows = np.arange(index.ntotal, index.ntotal + len(codes), dtype=np.int64)
+    index.add_core(len(codes), faiss.swig_ptr(codes), faiss.swig_ptr(rows), faiss.swig_ptr(assigned))
 
 
 def _filler(
-    index: Any, spec: QuantizedSpec, coder: BinaryCoder | None, rows: int, dimension: int,
-    ranges: np.ndarray | None, chunks: recall_module.Chunks, check: Callable[[int, np.ndarray], None],
-    advance: Callable[[int], None],
+    index: Any, spec: QuantizedSpec, coder: BinaryCoder | None, lists: faiss.IndexScalarQuantizer | None,
+    rows: int, dimension: int, ranges: np.ndarray | None, chunks: recall_module.Chunks,
+    check: Callable[[int, np.ndarray], None], advance: Callable[[int], None],
 ) -> Callable[[Callable[[bytes], None]], None]:  # fmt: skip
     """The pass that adds every row's codes to `index` and gives the copy's bytes (a .npy file: its
     header, then its rows in order) to the function it is called with."""
@@ -585,7 +672,7 @@ def _filler(
         for first, vectors in chunks():
             batch = np.ascontiguousarray(vectors, dtype=np.float32)
             check(first, batch)
-            index.add(batch if coder is None else coder(batch))
+            _add_codes(index, batch, coder, lists)
             if quantizer is not None:
                 write(quantizer.compute_codes(batch).tobytes())
             elif spec.rescore_with is not None:
@@ -683,7 +770,7 @@ def _memory(spec: QuantizedSpec, rows: int, dimension: int, folder: Path) -> dic
     and on disk (the codes' file and the copy's), against float32's 4 bytes a dimension."""
     on_disk = sum(
         (folder / name).stat().st_size
-        for name in (CODES_FILE, RESCORE_FILE, PROJECTION_FILE)
+        for name in (CODES_FILE, RESCORE_FILE, PROJECTION_FILE, CENTROIDS_FILE)
         if (folder / name).exists()
     )
     ram = ram_bytes(spec, rows, dimension)
