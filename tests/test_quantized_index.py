@@ -177,6 +177,26 @@ def test_a_target_recall_chooses_the_smallest_rescoring_depth_a_sweep_finds(
     assert {int(depth) for depth in recorded["tried"]["rescore"]} <= set(range(MAX_RESCORE + 1))
 
 
+def test_a_target_recall_chooses_the_smallest_nprobe_of_int8_centroids_a_sweep_finds(
+    vectors, queries, tmp_path: Path
+):
+    store = fake_store(tmp_path / "emb", vectors)
+    settings = RecallSettings(target=0.9, vectors=queries, source="test queries")
+    spec = QuantizedSpec(type="binary", binary_index="ivf", nlist=8, ivf_centroids="int8")
+    build_index(store, spec, tmp_path / "index", show_progress=False, recall=settings)
+    index = SearchIndex.load(tmp_path / "index")
+    chosen = index.spec.nprobe
+    recorded = read_manifest(tmp_path / "index").about["recall"]  # type: ignore[union-attr]
+    assert recorded["parameters"] == {"rescore": index.spec.rescore, "nprobe": chosen}
+    truth = exact_rows(queries, vectors, 10)
+    sweep = {}
+    for nprobe in range(1, 9):  # the lists probed, each with the deepest rescoring
+        index.spec = index.spec.model_copy(update={"rescore": MAX_RESCORE})
+        index.set_search_parameters(nprobe=nprobe)
+        sweep[nprobe] = recount(index, queries, vectors, 10, truth=truth)
+    assert next(nprobe for nprobe, found in sweep.items() if found >= 0.9) == chosen > 1
+
+
 def test_the_manifest_records_the_calibration_and_the_memory_and_index_prints_them(
     vectors, capsys, tmp_path: Path
 ):

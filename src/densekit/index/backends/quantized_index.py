@@ -561,17 +561,20 @@ def _coder(
 
 def _read_array(path: Path, shape: tuple[int, int]) -> np.ndarray:
     """The projection or the centroids a binary index saved (float32 of `shape`, finite), or a
-    `DataError` naming the file and what is wrong with it."""
+    `DataError` naming the file and what is wrong with it. The header is checked before the array is
+    read: a file claiming another size allocates nothing."""
     try:
-        projection = np.load(path, allow_pickle=False)
+        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as err:
         raise DataError([Problem(path, None, f"cannot be read as a .npy array: {err}")]) from None
-    if projection.dtype != np.float32 or projection.shape != shape:
-        found = f"{projection.dtype} of shape {projection.shape}"
+    if mapped.dtype != np.float32 or mapped.shape != shape:
+        found = f"{mapped.dtype} of shape {mapped.shape}"
         raise DataError([Problem(path, None, f"holds {found}, not the float32 {shape} of the index")])
-    if not np.isfinite(projection).all():
+    array = np.array(mapped)  # read in, and the file let go
+    del mapped
+    if not np.isfinite(array).all():
         raise DataError([Problem(path, None, "holds NaN or an infinity")])
-    return projection
+    return array
 
 
 def _empty_index(
