@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+import torch.nn.functional as F
 import yaml
 from typer.testing import CliRunner
 
@@ -30,7 +31,7 @@ from densekit.models.dimensions import DimensionsError, truncated
 from densekit.models.rotation import fit_rotation, put_rotation
 from densekit.recipes.runner import load_recipe, run_recipe
 from densekit.training.config import TrainConfig
-from densekit.training.contrastive import ContrastiveTask
+from densekit.training.contrastive import ContrastiveTask, score_alignment_loss
 from densekit.training.fine_tuning import run_training
 
 from .processes import run_in_processes
@@ -125,15 +126,74 @@ def test_the_loss_is_the_weighted_sum_of_the_losses_of_encoders_cutting_to_each_
     assert max_difference(gradients(smallest.encoder), expected_gradients) > 1e-4  # the widths differ
 
 
-def test_grad_cache_with_matryoshka_equals_the_full_batch(collection, still_model: Path):
+ALIGNED = {**WIDTHS, "score_alignment": 0.7}
+
+
+def widest_kl(task: ContrastiveTask, batch, detached: bool = True) -> torch.Tensor:
+    """The sum over the narrower widths of their weight times F.kl_div from the widest width's
+    in-batch score distribution to theirs, each a softmax over every passage of the batch (the false
+    negatives left out by giving them a score far below any other)."""
+    queries = task._encode("query")(batch.queries)[0]
+    passages = task._encode("passage")(batch.passages)[0]
+    rows = []
+    for width in WIDTHS["dims"]:
+        scores = truncated(queries, width, True) @ truncated(passages, width, True).T / task.temperature
+        rows.append(scores.masked_fill(batch.false_negatives, -1e4))
+    teacher = F.log_softmax(rows[0].detach() if detached else rows[0], dim=1)
+    return sum(
+        weight * F.kl_div(F.log_softmax(student, dim=1), teacher, log_target=True, reduction="batchmean")
+        for student, weight in zip(rows[1:], WIDTHS["weights"][1:], strict=True)
+    )
+
+
+def test_score_alignment_adds_each_narrower_widths_kl_from_the_widest_held_fixed(
+    collection, still_model: Path
+):
     plain = make_task(matryoshka_config(collection, still_model, optim={"batch_size": 8}))
+    aligned = make_task(matryoshka_config(collection, still_model, ALIGNED, optim={"batch_size": 8}))
+    batch = aligned.batch(1, 0)
+    assert batch.false_negatives.any()  # left out of both softmaxes
+    plain_result = figures(plain.forward_backward(plain.batch(1, 0)))
+    aligned_result = figures(aligned.forward_backward(batch))
+    reference = make_task(matryoshka_config(collection, still_model, optim={"batch_size": 8}))
+    kl = widest_kl(reference, reference.batch(1, 0))
+    assert float(kl) > 1e-3
+    assert aligned_result["loss"] == pytest.approx(plain_result["loss"] + 0.7 * float(kl), abs=1e-10)
+    assert aligned_result["loss_alignment"] == pytest.approx(float(kl), abs=1e-10)
+    assert aligned_result["loss_32d"] == pytest.approx(plain_result["loss_32d"], abs=1e-10)
+    (0.7 * kl).backward()
+    expected = {
+        name: grad + gradients(plain.encoder)[name] for name, grad in gradients(reference.encoder).items()
+    }
+    assert max_difference(gradients(aligned.encoder), expected) < 1e-10
+    # the widest width is the teacher only: its scores get no gradient from the alignment
+    flowing = make_task(matryoshka_config(collection, still_model, optim={"batch_size": 8}))
+    (0.7 * widest_kl(flowing, flowing.batch(1, 0), detached=False)).backward()
+    assert max_difference(gradients(flowing.encoder), gradients(reference.encoder)) > 1e-6
+
+
+def test_score_alignment_leaves_out_what_it_is_told_to():
+    teacher = torch.tensor([[2.0, 1.0, 0.5, -1.0], [0.0, 3.0, 1.0, 1.0]], dtype=torch.float64)
+    left_out = torch.tensor([[False, False, True, False], [False, False, False, True]])
+    assert float(score_alignment_loss(teacher, teacher, left_out)) == 0.0
+    student = teacher.clone()
+    student[0, 2], student[1, 3] = 50.0, -50.0  # only left-out entries changed
+    assert float(score_alignment_loss(student, teacher, left_out)) == 0.0
+    student[0, 1] = 1.5
+    assert float(score_alignment_loss(student, teacher, left_out)) > 0.0
+
+
+@pytest.mark.parametrize("widths", [WIDTHS, ALIGNED], ids=["plain", "aligned"])
+def test_grad_cache_with_matryoshka_equals_the_full_batch(collection, still_model: Path, widths: dict):
+    plain = make_task(matryoshka_config(collection, still_model, widths, optim={"batch_size": 8}))
     cached = make_task(
-        matryoshka_config(collection, still_model, optim={"batch_size": 8},
+        matryoshka_config(collection, still_model, widths, optim={"batch_size": 8},
                           grad_cache={"enabled": True, "chunk_size": 3})
     )  # fmt: skip
     plain_result = figures(plain.forward_backward(plain.batch(1, 0)))
     cached_result = cached.forward_backward(cached.batch(1, 0))
-    assert set(plain_result) == {"loss", "loss_contrastive", "loss_32d", "loss_16d", "loss_8d"}
+    aligned = {"loss_alignment"} if "score_alignment" in widths else set()
+    assert set(plain_result) == {"loss", "loss_contrastive", "loss_32d", "loss_16d", "loss_8d", *aligned}
     for key, value in plain_result.items():
         assert abs(value - cached_result[key]) < 1e-10
     assert max_difference(gradients(plain.encoder), gradients(cached.encoder)) < 1e-10
@@ -157,8 +217,9 @@ def test_grad_cache_with_matryoshka_and_distillation_equals_the_full_batch(score
     assert max_difference(gradients(plain.encoder), gradients(cached.encoder)) < 1e-10
 
 
-def test_two_processes_train_matryoshka_like_one(collection, still_model: Path, tmp_path: Path):
-    config = matryoshka_config(collection, still_model, optim={"batch_size": 8})
+@pytest.mark.parametrize("widths", [WIDTHS, ALIGNED], ids=["plain", "aligned"])
+def test_two_processes_train_matryoshka_like_one(collection, still_model: Path, tmp_path: Path, widths: dict):
+    config = matryoshka_config(collection, still_model, widths, optim={"batch_size": 8})
     single = make_task(config)
     single_loss = single.forward_backward(single.batch(0, 0))["loss"]
     run_in_processes(_one_step_worker, (2, _free_port(), config.model_dump_json(), str(tmp_path / "g")))
@@ -177,6 +238,12 @@ def test_two_processes_train_matryoshka_like_one(collection, still_model: Path, 
         ("{dims: [32, 16, 0]}", 5, r"loss\.matryoshka\.dims\.2: Input should be greater than or equal to 1"),
         ("{dims: []}", 5, r"loss\.matryoshka\.dims: List should have at least 1 item"),
         ("{dims: [32, 16], weights: [1]}", 5, r"loss\.matryoshka: .*1 given for 2 dims"),
+        ("{dims: [32], score_alignment: 1}", 5, r"loss\.matryoshka: .*score_alignment .*at least two dims"),
+        (
+            "{dims: [32, 16], score_alignment: -1}",
+            5,
+            r"loss\.matryoshka\.score_alignment: Input should be greater than or equal to 0",
+        ),
         (
             "{dims: [32, 16], weights: [1, 0]}",
             5,

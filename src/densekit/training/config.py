@@ -109,6 +109,13 @@ class MatryoshkaSection(Section):
     weights: list[Annotated[float, Field(gt=0)]] | None = Field(
         None, description="each width's loss weight, in the order of dims; none: 1 each"
     )
+    score_alignment: float = Field(
+        0.0,
+        ge=0,
+        description="weight of each narrower width's score alignment: the KL divergence from the widest "
+        "width's in-batch score distribution (held fixed) to its own, added to that width's loss "
+        "(Starbucks' score alignment, Zhuang et al., 2024); 0: none",
+    )
 
     @model_validator(mode="after")
     def _a_weight_per_width(self) -> MatryoshkaSection:
@@ -116,6 +123,8 @@ class MatryoshkaSection(Section):
             raise ValueError(
                 f"weights: {len(self.weights)} given for {len(self.dims)} dims; give one per width, in order"
             )
+        if self.score_alignment > 0 and len(self.dims) < 2:
+            raise ValueError("score_alignment aligns narrower widths with the widest: give at least two dims")
         return self
 
     def weighted(self) -> list[tuple[int, float]]:

@@ -140,6 +140,24 @@ def multi_positive_loss(
     return per_query.mean()
 
 
+def score_alignment_loss(
+    student: torch.Tensor, teacher: torch.Tensor, left_out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """KL(softmax(teacher) || softmax(student)) over each query's row of in-batch scores (both already
+    divided by the temperature), averaged over queries; entries where `left_out` is True are in
+    neither softmax. The teacher gets no gradient."""
+    teacher = teacher.detach()
+    if left_out is not None:
+        left_out = left_out.to(student.device)
+        student, teacher = (scores.masked_fill(left_out, float("-inf")) for scores in (student, teacher))
+    log_student, log_teacher = F.log_softmax(student, dim=1), F.log_softmax(teacher, dim=1)
+    # written out rather than F.kl_div: an entry left out is -inf in both, and 0 * (-inf - -inf) is nan
+    terms = log_teacher.exp() * (log_teacher - log_student)
+    if left_out is not None:
+        terms = terms.masked_fill(left_out, 0.0)
+    return terms.sum(dim=1).mean()
+
+
 def group_scores(queries: torch.Tensor, passages: torch.Tensor, group_size: int) -> torch.Tensor:
     """Each query's scores for its own group of passages: (queries x group_size), positive first."""
     if queries.dtype in (torch.float16, torch.bfloat16):
@@ -351,8 +369,10 @@ class ContrastiveTask(GroupedExamplesTask):
         `loss.matryoshka` the weighted sum over its widths of that sum on the vectors cut to each
         (`densekit.models.dimensions.truncated`, as the encoder cuts them); the unweighted parts are
         kept in `self.parts` for the log (with Matryoshka, the parts summed with the widths' weights, and
-        each width's loss as `loss_<width>d`). The distillation term needs only each query's own
-        group, which is on its own process, so it is never gathered."""
+        each width's loss as `loss_<width>d`). With `score_alignment`, each narrower width's loss also
+        takes that weight times the KL divergence from the widest width's in-batch scores to its own
+        (`score_alignment_loss`). The distillation term needs only each query's own group, which is on
+        its own process, so it is never gathered."""
         matryoshka = self.config.loss.matryoshka
         if matryoshka is None:
             total, self.parts = self._terms(queries, passages, batch)
@@ -362,9 +382,18 @@ class ContrastiveTask(GroupedExamplesTask):
         normalize = self.encoder.config.normalize
         total = torch.zeros((), device=queries.device)
         parts: dict[str, Figure] = {}
+        widest: torch.Tensor | None = None
         for width, weight in matryoshka.weighted():
             cut = [truncated(vectors, width, normalize) for vectors in (queries, passages)]
             loss, terms = self._terms(cut[0], cut[1], batch)
+            if matryoshka.score_alignment > 0:
+                scores = self._in_batch_scores(cut[0], cut[1])
+                if widest is None:
+                    widest = scores
+                else:
+                    aligned = score_alignment_loss(scores, widest, batch.false_negatives)
+                    terms["loss_alignment"] = device_figure(aligned)
+                    loss = loss + matryoshka.score_alignment * self._gathered_weight() * aligned
             total = total + weight * loss
             for name, value in terms.items():
                 parts[name] = parts.get(name, 0.0) + weight * value
@@ -385,8 +414,7 @@ class ContrastiveTask(GroupedExamplesTask):
                 queries, passages, self.config.data.group_size, self.temperature,
                 config.cross_device_negatives, batch.false_negatives, batch.positives,
             )  # fmt: skip
-            weight = distributed.gathered_loss_weight() if config.cross_device_negatives else 1
-            parts["loss_contrastive"] = device_figure(contrastive) / weight
+            parts["loss_contrastive"] = device_figure(contrastive) / self._gathered_weight()
             total = total + config.contrastive_weight * contrastive
         if batch.teacher is not None:
             student = group_scores(queries, passages, self.config.data.group_size)
@@ -401,11 +429,26 @@ class ContrastiveTask(GroupedExamplesTask):
             total = total + config.distillation_weight * distilled
         return total, parts
 
+    def _in_batch_scores(self, queries: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
+        """Every query's scores against every passage of the batch (gathered from every process under
+        `loss.cross_device_negatives`), divided by the temperature, as InfoNCE sees them."""
+        if self.config.loss.cross_device_negatives:
+            queries, passages = distributed.gather_with_grad(queries), distributed.gather_with_grad(passages)
+        return queries @ passages.T / self.temperature
+
+    def _gathered_weight(self) -> int:
+        """What a loss over the gathered batch is multiplied by before its backward pass (1 without
+        `loss.cross_device_negatives`)."""
+        return distributed.gathered_loss_weight() if self.config.loss.cross_device_negatives else 1
+
     def _combined(self, parts: dict[str, Figure]) -> Figure:
-        """The loss that `parts` (InfoNCE and distillation, unweighted) make with the run's weights."""
+        """The loss that `parts` (InfoNCE, distillation and score alignment, unweighted) make with the
+        run's weights."""
         config = self.config.loss
+        alignment = config.matryoshka.score_alignment if config.matryoshka is not None else 0.0
         return (config.contrastive_weight * parts.get("loss_contrastive", 0.0)
-                + config.distillation_weight * parts.get("loss_distillation", 0.0))  # fmt: skip
+                + config.distillation_weight * parts.get("loss_distillation", 0.0)
+                + alignment * parts.get("loss_alignment", 0.0))  # fmt: skip
 
     def forward_backward(self, batch: ContrastiveBatch, scale: float = 1.0) -> dict[str, Figure]:
         """Compute the loss of `batch` times `scale` and back-propagate it; returns the unscaled loss."""
