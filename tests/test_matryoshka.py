@@ -245,6 +245,16 @@ def test_two_processes_train_matryoshka_like_one(collection, still_model: Path, 
             r"loss\.matryoshka\.score_alignment: Input should be greater than or equal to 0",
         ),
         (
+            "{dims: [32, 16], score_alignment: .inf}",
+            5,
+            r"loss\.matryoshka\.score_alignment: Input should be a finite",
+        ),
+        (
+            "{dims: [32, 16], weights: [.inf, 1]}",
+            5,
+            r"loss\.matryoshka\.weights\.0: Input should be a finite",
+        ),
+        (
             "{dims: [32, 16], weights: [1, 0]}",
             5,
             r"loss\.matryoshka\.weights\.1: Input should be greater than 0",

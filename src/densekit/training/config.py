@@ -106,12 +106,13 @@ class MatryoshkaSection(Section):
         description="the widths trained for, widest first, each at most the model's (e.g. [384, 256, 128, "
         "64]); the vectors cut to each are normalised again where the model normalises",
     )
-    weights: list[Annotated[float, Field(gt=0)]] | None = Field(
+    weights: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
         None, description="each width's loss weight, in the order of dims; none: 1 each"
     )
     score_alignment: float = Field(
         0.0,
         ge=0,
+        allow_inf_nan=False,
         description="weight of each narrower width's score alignment: the KL divergence from the widest "
         "width's in-batch score distribution (held fixed) to its own, added to that width's loss "
         "(Starbucks' score alignment, Zhuang et al., 2024); 0: none",

@@ -290,12 +290,11 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
         folder: Path,
         identity: dict[str, Any] | None = None,
         projection: np.ndarray | None = None,
-        centroids: np.ndarray | None = None,
+        lists: faiss.IndexScalarQuantizer | None = None,
     ):
         self.index = index  # the codes
         self.coder = BinaryCoder(index.d, projection) if isinstance(index, faiss.IndexBinary) else None
-        # a binary IVF's int8 centroids, choosing lists for float vectors (None: its own binary ones)
-        self.lists = None if centroids is None else centroid_lists(centroids)
+        self.lists = lists  # a binary IVF's int8 centroids, choosing lists for float vectors (None: its own)
         self.copy = copy  # the finer copy, memory-mapped (None without rescoring)
         self.ids = np.asarray(ids, dtype=object)
         self.meta = meta
@@ -358,7 +357,7 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
                 else:
                     digests[RESCORE_FILE] = write_digested(copy_path, fill)
             copy = np.load(copy_path, mmap_mode="r") if spec.rescore_with else None
-            searcher = cls(index, copy, store.ids(), meta, tmp, projection=projection, centroids=centroids)
+            searcher = cls(index, copy, store.ids(), meta, tmp, projection=projection, lists=lists)
             if recall is not None:
                 chosen, about["recall"] = _measure(searcher, store, recall, chunks, options.show_progress)
                 meta["spec"] = chosen.model_dump()
@@ -418,13 +417,13 @@ class QuantizedIndex(SearchIndex, backend=BACKEND):
         projection = None
         if meta["spec"].get("code_bits"):
             projection = _read_array(folder / PROJECTION_FILE, (index.d, meta["dimension"] + 1))
-        centroids = None
+        lists = None
         if meta["spec"].get("ivf_centroids") == "int8":
             if not isinstance(index, faiss.IndexBinaryIVF):
                 found = f"holds a {type(index).__name__}, not a binary IVF index"
                 raise DataError([Problem(folder / CODES_FILE, None, found)])
-            centroids = _read_array(folder / CENTROIDS_FILE, (index.nlist, meta["dimension"]))
-        return cls(index, copy, ids, meta, folder, identity, projection, centroids)
+            lists = centroid_lists(_read_array(folder / CENTROIDS_FILE, (index.nlist, meta["dimension"])))
+        return cls(index, copy, ids, meta, folder, identity, projection, lists)
 
     @property
     def dimension(self) -> int:
