@@ -31,6 +31,16 @@ the same inputs is kept, so a killed run resumes. Run from the repository root:
                  two-round-matryoshka=runs/scifact-two-round-matryoshka/round2/model \
         --matryoshka two-round-matryoshka --baseline two-round \
         --output benchmarks/results/matryoshka_scifact.json
+
+The plain recipe's model with its dimensions ordered by a ranking fit (`densekit rotate --fit ranking`),
+against the same model as it is and rotated onto its principal directions:
+
+    densekit run recipes/scifact-two-round-ranked.yaml --out runs/scifact-two-round
+    nice -n 5 .venv/bin/python -m benchmarks.matryoshka \
+        --models two-round=runs/scifact-two-round/round2/model \
+                 two-round-ranked=runs/scifact-two-round/ranked \
+        --matryoshka two-round-ranked --baseline two-round --rotate \
+        --output benchmarks/results/matryoshka_scifact_ranked.json
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def test_a_rotated_model_scores_every_pair_as_its_base_and_orders_its_dimensions
 
     saved = json.loads((model / "densekit.json").read_text())
     assert saved["variance_ordered"] is True
-    assert "ordered by the variance" in (model / "README.md").read_text()
+    assert "ordered by `densekit rotate`" in (model / "README.md").read_text()
 
 
 def test_a_rotated_models_cut_vectors_need_no_matryoshka_training_and_warn_of_nothing(

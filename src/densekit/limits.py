@@ -21,3 +21,7 @@ MAX_MODEL_WIDTH = 16_384
 
 # The most corpus vectors `rotate` fits on: a d x d sum, so rows cost time, not memory.
 MAX_ROTATION_SAMPLE = 10_000_000
+# A ranking fit of a rotation scores each anchor against every corpus vector of its sample once and
+# holds the sample in memory (200,000 x 1,024 floats: 0.8 GB).
+MAX_RANKING_CANDIDATES = 200_000
+MAX_RANKING_ANCHORS = 20_000

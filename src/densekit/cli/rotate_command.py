@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from densekit.cli.options import ModelArg, OverwriteOpt, check_model_inputs
+from densekit.errors import SettingError
 from densekit.limits import MAX_ROTATION_SAMPLE
-from densekit.models.config import EncoderOptions
+from densekit.models.config import EncoderOptions, RotationFit
 
 
 def rotate(
@@ -25,16 +26,40 @@ def rotate(
         ),
     ] = 100_000,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Draws the sample.")] = 0,
+    fit: Annotated[
+        RotationFit,
+        typer.Option(
+            "--fit",
+            help="variance: the principal directions; ranking: turned from them so that cut vectors rank "
+            "the sample as full-width ones do (docs/compression.md).",
+        ),
+    ] = "variance",
+    queries: Annotated[
+        Path | None,
+        typer.Option(
+            "--queries",
+            help="A collection whose --split queries anchor a ranking fit (texts only; no judgement is "
+            "used). Without it, corpus vectors do.",
+        ),
+    ] = None,
+    split: Annotated[str, typer.Option("--split", help="The split of --queries.")] = "train",
+    widths: Annotated[
+        list[int] | None,
+        typer.Option("--width", min=1, help="A cut width a ranking fit serves (repeat it); 256, 128, 64."),
+    ] = None,
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Order MODEL's dimensions by the variance of a corpus's vectors and save it as a new model, so
     that its vectors cut to their first N (`--dimensions N`, sentence-transformers' `truncate_dim`) keep
     the most of them for any N. An orthogonal rotation after the pooling (a Dense module): full-width
     vectors score exactly as MODEL's. Fit it on the corpus you will search (docs/compression.md)."""
-    from densekit.retrieval.corpus_rotation import rotate_model
+    from densekit.retrieval.corpus_rotation import RANKING_WIDTHS, rotate_model
 
     check_model_inputs(model, EncoderOptions())
-    rotate_model(model, embeddings, output, sample, seed, overwrite)
+    if fit == "variance" and widths:
+        raise SettingError("--width shapes a ranking fit: add --fit ranking")
+    widths = widths or list(RANKING_WIDTHS)
+    rotate_model(model, embeddings, output, sample, seed, overwrite, fit, queries, split, widths)
 
 
 def register(app: typer.Typer) -> None:

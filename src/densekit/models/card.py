@@ -55,9 +55,9 @@ def encoder_card(folder: Path, source: str, settings: dict[str, Any], tied: bool
         tags.append("matryoshka")
     summary = f"A dense retrieval encoder ({towers}) saved by densekit."
     if settings.get("variance_ordered"):
-        summary += (" Its dimensions are ordered by the variance of a corpus's vectors (`densekit "
-                    "rotate`): its vectors cut to their first N (`truncate_dim`) keep the most of them for "
-                    "any N.")  # fmt: skip
+        summary += (" Its dimensions are ordered by `densekit rotate` on a corpus's vectors (by their "
+                    "variance, or turned further by a ranking fit): its vectors cut to their first N "
+                    "(`truncate_dim`) keep the most of them for any N.")  # fmt: skip
     return CardFacts(
         title=name,
         summary=summary,

@@ -18,6 +18,9 @@ from pydantic import (
 
 Pooling = Literal["cls", "mean", "last"]
 TextSide = Literal["query", "passage"]
+# how `densekit rotate` orders a model's dimensions: by the corpus's variance, or turned from there so
+# that cut vectors rank as full-width ones do
+RotationFit = Literal["variance", "ranking"]
 
 CONFIG_FILE = "densekit.json"
 
@@ -62,8 +65,8 @@ class EncoderConfig(BaseModel):
     )
     variance_ordered: bool = Field(
         False,
-        description="its dimensions are ordered by the variance of a corpus's vectors (`densekit "
-        "rotate`), so that its first N carry the most of them, for any N",
+        description="its dimensions are ordered by `densekit rotate` on a corpus's vectors (by their "
+        "variance, or by a ranking fit), so that its first N carry the most of them, for any N",
     )
 
     @model_serializer(mode="wrap")

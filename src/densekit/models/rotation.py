@@ -65,6 +65,13 @@ def fit_rotation(chunks: Iterable[np.ndarray], dimension: int) -> Rotation:
     return Rotation(vectors, share, rows)
 
 
+def energy_shares(vectors: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """The share of `vectors`' squared length each column of the rotation `matrix` holds."""
+    energy = ((np.asarray(vectors, dtype=np.float64) @ matrix) ** 2).sum(axis=0)
+    total = energy.sum()
+    return energy / total if total > 0 else np.full(len(energy), 1.0 / len(energy))
+
+
 def put_rotation(encoder: DenseEncoder, rotation: Rotation) -> None:
     """Put `rotation` after `encoder`'s pooling (after its projection, folded into it where that one is
     linear), and record its dimensions as ordered; the Matryoshka widths it records no longer hold, as

@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from densekit.configuration import dump_config, validate_config
 from densekit.data.dataset import Dataset
@@ -30,11 +38,12 @@ from densekit.mining.filters import MiningSettings
 from densekit.mining.mine import mine
 from densekit.mining.teacher import score_examples
 from densekit.models import DenseEncoder
+from densekit.models.config import RotationFit
 from densekit.models.cross_encoder import CrossEncoder
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
 from densekit.retrieval.bm25 import BM25Config, BM25Index
-from densekit.retrieval.corpus_rotation import rotate_model
+from densekit.retrieval.corpus_rotation import RANKING_WIDTHS, rotate_model
 from densekit.retrieval.rerank import rerank_run
 from densekit.retrieval.retriever import Retriever
 from densekit.training.config import CrossEncoderTrainConfig, RunConfig, TrainConfig
@@ -248,7 +257,9 @@ class EncodeStep(Step):
 
 
 class RotateStep(Step):
-    """`densekit rotate`: `model` rotated onto the principal directions of the corpus vectors it made."""
+    """`densekit rotate`: `model` rotated onto the principal directions of the corpus vectors it made,
+    with `fit: ranking` turned so that its cut `widths` rank as full width does, anchored on the
+    `split` queries of the collection `queries` where given."""
 
     type: Literal["rotate"]
     model: str
@@ -256,13 +267,26 @@ class RotateStep(Step):
     output: str
     sample: int = Field(100_000, ge=1, le=MAX_ROTATION_SAMPLE)
     seed: int = Field(0, ge=0)  # numpy draws from non-negative seeds only
+    fit: RotationFit = "variance"
+    queries: str | None = None
+    split: str = "train"
+    widths: list[Annotated[int, Field(ge=1)]] = Field(list(RANKING_WIDTHS), min_length=1, max_length=64)
+
+    @field_validator("widths")
+    @classmethod
+    def _widths_shape_a_ranking_fit(cls, widths: list[int], info: ValidationInfo) -> list[int]:
+        if info.data.get("fit") == "variance" and widths != list(RANKING_WIDTHS):
+            raise ValueError("widths shape a ranking fit: add fit: ranking")
+        return widths
 
     def inputs(self) -> list[str]:
-        return [self.model, self.embeddings]
+        return [self.model, self.embeddings] + ([] if self.queries is None else [self.queries])
 
     def run(self, device: str, show_progress: bool, overwrite: bool) -> None:
         """Fit the rotation and save the rotated model."""
-        rotate_model(self.model, Path(self.embeddings), Path(self.output), self.sample, self.seed, overwrite)
+        queries = None if self.queries is None else Path(self.queries)
+        rotate_model(self.model, Path(self.embeddings), Path(self.output), self.sample, self.seed, overwrite,
+                     self.fit, queries, self.split, self.widths)  # fmt: skip
 
 
 class IndexStep(Step):
