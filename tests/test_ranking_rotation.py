@@ -167,6 +167,11 @@ def test_rotate_refuses_ranking_settings_without_a_ranking_fit_and_widths_it_can
                                      *map(str, arguments)])  # fmt: skip
         assert result.exit_code != 0 and message in str(result.exception), (arguments, result.output)
         assert not (tmp_path / "r").exists()
+    before = sorted(path.name for path in data.iterdir())
+    result = runner.invoke(app, ["rotate", str(tiny_st_model), str(embeddings), "-o", str(data), "--fit",
+                                 "ranking", "--width", "8", "--queries", str(data)])  # fmt: skip
+    assert result.exit_code != 0 and "is an input of this command" in str(result.exception)
+    assert sorted(path.name for path in data.iterdir()) == before
 
 
 def test_a_recipes_ranking_rotate_step_makes_the_commands_model(

@@ -47,9 +47,14 @@ def rotate_model(
     embeddings it made, `embeddings`, to the model folder `output`, and return the rotation. With
     `fit="ranking"` the rotation is then refined for the cut `widths` (those below the model's width),
     anchored on the `split` queries of the collection `queries` (their texts, encoded by `model`; no
-    judgement is used) or, with none, on corpus vectors. A module, a
-    route, an untied model, embeddings cut to fewer dimensions or made by another model are refused."""
-    check_not_input(output, [model, embeddings])
+    judgement is used) or, with none, on corpus vectors. A module, a route, an untied model, embeddings
+    cut to fewer dimensions or made by another model are refused."""
+    check_not_input(output, [model, embeddings] + ([] if queries is None else [queries]))
+    if fit == "variance" and queries is not None:
+        raise InputError(f"--queries {queries}: queries anchor a ranking fit (--fit ranking)")
+    if fit == "ranking" and sample > MAX_RANKING_CANDIDATES:
+        raise InputError(f"sample {sample:,}: a ranking fit takes at most {MAX_RANKING_CANDIDATES:,} corpus "
+                         "vectors (each anchor is scored against all of them)")  # fmt: skip
     store = EmbeddingStore.open(embeddings)
     encoder, route = load_model_or_route(model, "cpu")
     if route is not None or encoder.own is not None:
@@ -60,14 +65,12 @@ def rotate_model(
         raise InputError(f"{embeddings} holds {store.dimension}-dimensional vectors; {model} makes "
                          f"{encoder.width}: encode the corpus without --dimensions")  # fmt: skip
     check_passages_made_by(encoder, store.identity, f"{embeddings} was encoded")
-    if fit == "variance" and queries is not None:
-        raise InputError(f"--queries {queries}: queries anchor a ranking fit (--fit ranking)")
     if fit == "ranking":
-        if sample > MAX_RANKING_CANDIDATES:
-            raise InputError(f"sample {sample:,}: a ranking fit takes at most {MAX_RANKING_CANDIDATES:,} "
-                             "corpus vectors (each anchor is scored against all of them)")  # fmt: skip
-        texts = [] if queries is None else list(Dataset.open(queries).split_queries(split)[0].values())
-        rotation = _ranking_rotation(encoder, store, sample, seed, texts, widths)
+        kept = sorted({w for w in widths if w < encoder.width}, reverse=True)
+        if not kept:
+            raise InputError(f"widths {list(widths)}: none is below the model's {encoder.width} dimensions")
+        texts = None if queries is None else list(Dataset.open(queries).split_queries(split)[0].values())
+        rotation = _ranking_rotation(encoder, store, sample, seed, texts, kept)
     else:
         rotation = fit_rotation(_sampled(store, sample, seed), encoder.width)
     put_rotation(encoder, rotation)
@@ -81,17 +84,15 @@ def rotate_model(
 
 
 def _ranking_rotation(
-    encoder: DenseEncoder, store: EmbeddingStore, sample: int, seed: int, queries: Sequence[str],
+    encoder: DenseEncoder, store: EmbeddingStore, sample: int, seed: int, queries: Sequence[str] | None,
     widths: Sequence[int],
 ) -> Rotation:
-    """The principal directions of the sample, refined for the cut `widths` below the encoder's width."""
+    """The principal directions of the sample, refined for the cut `widths` (widest first), anchored on
+    `queries` or, with None, on corpus vectors."""
     corpus = np.concatenate(list(_sampled(store, sample, seed)))
     start = fit_rotation([corpus], encoder.width)
-    kept = sorted({w for w in widths if w < encoder.width}, reverse=True)
-    if not kept:
-        raise InputError(f"widths {list(widths)}: none is below the model's {encoder.width} dimensions")
     rng = np.random.default_rng(seed)
-    if queries:
+    if queries is not None:
         texts = list(queries)
         if len(texts) > MAX_RANKING_ANCHORS:
             texts = [texts[i] for i in np.sort(rng.choice(len(texts), MAX_RANKING_ANCHORS, replace=False))]
@@ -101,9 +102,9 @@ def _ranking_rotation(
         anchor_rows = np.sort(rng.choice(len(corpus), min(len(corpus), MAX_RANKING_ANCHORS), replace=False))
         anchors = corpus[anchor_rows]
         source = f"{len(anchors):,} corpus vectors"
-    refined = fit_ranking_rotation(start.matrix, anchors, corpus, kept, encoder.config.normalize, seed,
+    refined = fit_ranking_rotation(start.matrix, anchors, corpus, widths, encoder.config.normalize, seed,
                                    anchor_rows)  # fmt: skip
-    log.info("ranking fit for widths %s on %s: held-out loss %.4f -> %.4f after %d steps", kept, source,
+    log.info("ranking fit for widths %s on %s: held-out loss %.4f -> %.4f after %d steps", widths, source,
              refined.start_loss, refined.loss, refined.steps)  # fmt: skip
     return Rotation(refined.matrix, energy_shares(corpus, refined.matrix), len(corpus))
 
