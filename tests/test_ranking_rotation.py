@@ -161,6 +161,7 @@ def test_rotate_refuses_ranking_settings_without_a_ranking_fit_and_widths_it_can
         (["--width", "8"], "--width shapes a ranking fit"),
         (["--queries", data], "queries anchor a ranking fit"),
         (["--fit", "ranking"], "none is below the model's 32 dimensions"),
+        (["--fit", "ranking", "--width", "8", "--width", "64"], "below the 32 dimensions"),
         (["--fit", "ranking", "--width", "8", "--sample", 300_000], "at most 200,000"),
     ):
         result = runner.invoke(app, ["rotate", str(tiny_st_model), str(embeddings), "-o", str(tmp_path / "r"),
@@ -190,9 +191,11 @@ def test_a_recipes_ranking_rotate_step_makes_the_commands_model(
     assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
 
 
-def test_a_recipes_rotate_step_refuses_widths_without_a_ranking_fit(tmp_path: Path):
+@pytest.mark.parametrize("setting", [{"widths": [8]}, {"queries": "/data"}], ids=["widths", "queries"])
+def test_a_recipes_rotate_step_refuses_widths_without_a_ranking_fit(tmp_path: Path, setting: dict):
     recipe = tmp_path / "recipe.yaml"
-    step = {"type": "rotate", "model": "m", "embeddings": "e", "output": "{out}/r", "widths": [8]}
+    step = {"type": "rotate", "model": "m", "embeddings": "e", "output": "{out}/r", **setting}
     recipe.write_text(yaml.safe_dump({"steps": {"rotate": step}}))
-    with pytest.raises(DataError, match=r"recipe\.yaml:\d+: .*widths shape a ranking fit"):
+    name = next(iter(setting))
+    with pytest.raises(DataError, match=rf"recipe\.yaml:\d+: .*{name} shape a ranking fit"):
         load_recipe(recipe, tmp_path / "out", [])

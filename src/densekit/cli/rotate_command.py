@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from densekit.cli.options import ModelArg, OverwriteOpt, check_model_inputs
-from densekit.errors import SettingError
 from densekit.limits import MAX_ROTATION_SAMPLE
 from densekit.models.config import EncoderOptions, RotationFit
 
@@ -48,7 +47,12 @@ def rotate(
     split: Annotated[str, typer.Option("--split", help="The split of --queries.")] = "train",
     widths: Annotated[
         list[int] | None,
-        typer.Option("--width", min=1, help="A cut width a ranking fit serves (repeat it); 256, 128, 64."),
+        typer.Option(
+            "--width",
+            min=1,
+            help="A cut width a ranking fit serves (repeat it); by default 256, 128 and 64, those below the "
+            "model's width.",
+        ),
     ] = None,
     overwrite: OverwriteOpt = False,
 ) -> None:
@@ -58,13 +62,10 @@ def rotate(
     vectors score exactly as MODEL's. Fit it on the corpus you will search (docs/compression.md); with
     `--fit ranking --queries DATA` it is turned further so that the cut vectors rank as full-width ones
     do for those queries, which keeps more at 128 or 64 dimensions."""
-    from densekit.retrieval.corpus_rotation import RANKING_WIDTHS, rotate_model
+    from densekit.retrieval.corpus_rotation import rotate_model
 
     check_model_inputs(model, EncoderOptions())
-    if fit == "variance" and widths:
-        raise SettingError("--width shapes a ranking fit: add --fit ranking")
-    widths = widths or list(RANKING_WIDTHS)
-    rotate_model(model, embeddings, output, sample, seed, overwrite, fit, queries, split, widths)
+    rotate_model(model, embeddings, output, sample, seed, overwrite, fit, queries, split, widths or None)
 
 
 def register(app: typer.Typer) -> None:

@@ -43,7 +43,7 @@ from densekit.models.cross_encoder import CrossEncoder
 from densekit.pretraining.config import PretrainConfig
 from densekit.pretraining.run import run_pretraining
 from densekit.retrieval.bm25 import BM25Config, BM25Index
-from densekit.retrieval.corpus_rotation import RANKING_WIDTHS, rotate_model
+from densekit.retrieval.corpus_rotation import rotate_model
 from densekit.retrieval.rerank import rerank_run
 from densekit.retrieval.retriever import Retriever
 from densekit.training.config import CrossEncoderTrainConfig, RunConfig, TrainConfig
@@ -270,14 +270,14 @@ class RotateStep(Step):
     fit: RotationFit = "variance"
     queries: str | None = None
     split: str = "train"
-    widths: list[Annotated[int, Field(ge=1)]] = Field(list(RANKING_WIDTHS), min_length=1, max_length=64)
+    widths: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1, max_length=64)
 
-    @field_validator("widths")
+    @field_validator("queries", "widths")
     @classmethod
-    def _widths_shape_a_ranking_fit(cls, widths: list[int], info: ValidationInfo) -> list[int]:
-        if info.data.get("fit") == "variance" and widths != list(RANKING_WIDTHS):
-            raise ValueError("widths shape a ranking fit: add fit: ranking")
-        return widths
+    def _shape_a_ranking_fit(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("fit") == "variance":
+            raise ValueError(f"{info.field_name} shape a ranking fit: add fit: ranking")
+        return value
 
     def inputs(self) -> list[str]:
         return [self.model, self.embeddings] + ([] if self.queries is None else [self.queries])

@@ -41,17 +41,21 @@ def rotate_model(
     fit: RotationFit = "variance",
     queries: Path | None = None,
     split: str = "train",
-    widths: Sequence[int] = RANKING_WIDTHS,
+    widths: Sequence[int] | None = None,
 ) -> Rotation:
     """Save `model` rotated by the rotation fitted on `sample` vectors (drawn with `seed`) of the corpus
     embeddings it made, `embeddings`, to the model folder `output`, and return the rotation. With
-    `fit="ranking"` the rotation is then refined for the cut `widths` (those below the model's width),
+    `fit="ranking"` the rotation is then refined for the cut `widths` (by default those of
+    `RANKING_WIDTHS` below the model's width),
     anchored on the `split` queries of the collection `queries` (their texts, encoded by `model`; no
     judgement is used) or, with none, on corpus vectors. A module, a route, an untied model, embeddings
     cut to fewer dimensions or made by another model are refused."""
-    check_not_input(output, [model, embeddings] + ([] if queries is None else [queries]))
+    inputs = [model, embeddings] + ([] if queries is None else [queries])
+    check_not_input(output, inputs)
     if fit == "variance" and queries is not None:
         raise InputError(f"--queries {queries}: queries anchor a ranking fit (--fit ranking)")
+    if fit == "variance" and widths is not None:
+        raise InputError(f"--width {list(widths)}: --width shapes a ranking fit (--fit ranking)")
     if fit == "ranking" and sample > MAX_RANKING_CANDIDATES:
         raise InputError(f"sample {sample:,}: a ranking fit takes at most {MAX_RANKING_CANDIDATES:,} corpus "
                          "vectors (each anchor is scored against all of them)")  # fmt: skip
@@ -66,15 +70,18 @@ def rotate_model(
                          f"{encoder.width}: encode the corpus without --dimensions")  # fmt: skip
     check_passages_made_by(encoder, store.identity, f"{embeddings} was encoded")
     if fit == "ranking":
-        kept = sorted({w for w in widths if w < encoder.width}, reverse=True)
+        # the defaults serve any model: those at or above its width are left out; given ones are not
+        kept = sorted(set(widths), reverse=True) if widths is not None else [
+            w for w in RANKING_WIDTHS if w < encoder.width]  # fmt: skip
         if not kept:
-            raise InputError(f"widths {list(widths)}: none is below the model's {encoder.width} dimensions")
+            raise InputError(f"widths {list(RANKING_WIDTHS)}: none is below the model's {encoder.width} "
+                             "dimensions: give --width")  # fmt: skip
         texts = None if queries is None else list(Dataset.open(queries).split_queries(split)[0].values())
         rotation = _ranking_rotation(encoder, store, sample, seed, texts, kept)
     else:
         rotation = fit_rotation(_sampled(store, sample, seed), encoder.width)
     put_rotation(encoder, rotation)
-    check_artefact_output(output, MODEL_KIND, encoder.identity(), [model, embeddings], overwrite)
+    check_artefact_output(output, MODEL_KIND, encoder.identity(), inputs, overwrite)
     encoder.save(output)
     kept = ", ".join(f"{w}: {rotation.kept(w):.3f}" for w in REPORTED_WIDTHS if w < encoder.width)
     log.info("wrote %s: %s with its dimensions ordered by %s vectors of %s; the share of their squared "
